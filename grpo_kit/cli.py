@@ -1,0 +1,123 @@
+"""The ``grpo-kit`` command (same as ``python -m grpo_kit``).
+
+Each sub-command's arguments are declared here; its work is done by a ``cli_*`` function in the module that owns
+the concern, imported only when that sub-command runs, so ``grpo-kit --help`` never imports torch.
+A ``GrpoKitError`` is printed as a plain message (exit status 2); any other exception keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from grpo_kit import __version__
+from grpo_kit.errors import GrpoKitError
+
+
+def _handler(module: str, function: str):
+    def run(args: argparse.Namespace) -> int | None:
+        return getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
+
+    return run
+
+
+def _add_presets(sub) -> None:
+    p = sub.add_parser("presets", help="list the VRAM-tier presets (table, or JSON with --json)")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
+    p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
+    p.set_defaults(func=_handler("presets", "cli_presets"))
+
+
+def _add_rewards(sub) -> None:
+    p = sub.add_parser("rewards", help="list the reward functions that --rewards can name")
+    p.set_defaults(func=_handler("rewards", "cli_rewards"))
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a GRPO LoRA adapter from a preset")
+    p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
+    p.add_argument("--model", help="model id or local folder, instead of the preset's")
+    p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.parquet")
+    p.add_argument("--rewards", help="comma-separated reward names, optionally weighted: correctness:2,format")
+    p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
+    p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
+    p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
+    p.add_argument("--loss-type", choices=["grpo", "dr_grpo", "dapo", "bnpo"], help="GRPO loss variant")
+    p.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
+    p.add_argument("--num-generations", type=int, help="completions sampled per prompt (the group size G)")
+    p.add_argument("--temperature", type=float, help="sampling temperature for completions")
+    p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
+    p.set_defaults(func=_handler("train", "cli_train"))
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="train GRPO on CPU with the embedded model and show that it learns")
+    p.add_argument("--max-steps", type=int, help="optimizer steps (default: the demo recipe's)")
+    p.add_argument("--output", help="run folder (default: runs/demo)")
+    p.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
+    p.add_argument("--no-export", action="store_true", help="skip exporting the adapter")
+    p.set_defaults(func=_handler("demo", "cli_demo"))
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
+    p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
+    p.add_argument("--adapter", help="LoRA adapter folder to evaluate on top of --model")
+    p.add_argument("--compare", action="store_true", help="with --adapter: also evaluate the base model, side by side")
+    p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub test split), 'sample' (bundled held-out), or a path")
+    p.add_argument("--limit", type=int, help="evaluate the first N questions (after a seeded shuffle)")
+    p.add_argument("--seed", type=int, default=0, help="shuffle seed for --limit")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
+    p.add_argument("--maj", type=int, default=0, metavar="K", help="also report maj@K with K sampled answers")
+    p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
+    p.set_defaults(func=_handler("evaluate", "cli_eval"))
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")
+    p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
+    p.add_argument("--model", help="base model (default: the one recorded in the adapter)")
+    p.add_argument("--format", default="lora", help="lora | merged16 | gguf (comma-separated for several)")
+    p.add_argument("--gguf-type", default="q8_0", help="GGUF tensor type: f16 or q8_0")
+    p.add_argument("--name", help="export folder name under --out-dir (default: from the adapter)")
+    p.add_argument("--out-dir", default="exports", help="parent folder of exports")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")
+    p.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repo (token from HF_TOKEN)")
+    p.set_defaults(func=_handler("export", "cli_export"))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="grpo-kit",
+        description="Teach and run GRPO on GSM8K: presets per VRAM tier, training, evaluation, verified exports.",
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add in (_add_presets, _add_rewards, _add_train, _add_demo, _add_eval, _add_export):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    try:
+        result = args.func(args)
+    except GrpoKitError as error:
+        print(f"grpo-kit: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("grpo-kit: interrupted", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""Shared fixtures. Nothing here touches the network: models are the embedded SmolLM2 or tiny random ones."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+# Deterministic, CI-sized threading before torch is imported anywhere.
+os.environ.setdefault("GRPO_KIT_THREADS", "2")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _pin_threads():
+    from grpo_kit.runtime import set_torch_threads
+
+    set_torch_threads()
+
+
+@pytest.fixture(scope="session")
+def embedded_dir():
+    """Plain HF folder of the embedded SmolLM2-135M-Instruct (converted once per cache dir, ~1 min the first time)."""
+    from grpo_kit.models import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, embedded_dir):
+    """A tiny random Llama (2 layers, hidden 32) that uses the embedded model's tokenizer and chat template.
+
+    Trains and generates in milliseconds; its outputs are noise, which is what mechanics tests want.
+    """
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
