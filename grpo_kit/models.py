@@ -94,3 +94,125 @@ def resolve_model_id(model: str) -> str:
     if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME}:
         return str(embedded_model_path())
     return model
+
+
+def load_model(preset, *, model: str | None = None, trust_remote_code: bool = False):
+    """Load the preset's model as a LoRA-wrapped trainable policy. Returns ``(model, tokenizer)``.
+
+    GPU presets (``preset.load_in_4bit`` or ``preset.use_vllm``) go through Unsloth's ``FastLanguageModel``
+    (imported only here, since Unsloth cannot be imported without a GPU) and ``get_peft_model``. The CPU path uses
+    transformers + PEFT on the same LoRA settings. Either way the result is a ``peft.PeftModel``-like module whose
+    ``save_pretrained`` writes an adapter, plus a tokenizer with a pad token.
+    """
+    model_id = resolve_model_id(model or preset.model)
+    if _wants_gpu(preset):
+        return _load_unsloth(preset, model_id)
+    return _load_peft_cpu(preset, model_id, trust_remote_code=trust_remote_code)
+
+
+def _wants_gpu(preset) -> bool:
+    return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
+
+
+def _load_peft_cpu(preset, model_id: str, *, trust_remote_code: bool = False):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    lora = LoraConfig(
+        r=preset.lora_rank,
+        lora_alpha=preset.lora_alpha,
+        target_modules=list(preset.lora_targets),
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(base, lora), tokenizer
+
+
+def _load_unsloth(preset, model_id: str):
+    import torch
+
+    if not torch.cuda.is_available():
+        raise GrpoKitError(
+            f"Preset '{preset.name}' needs a CUDA GPU (4-bit/vLLM/{preset.precision}), and none was found.\n"
+            "On this machine use the CPU preset:  grpo-kit train --preset cpu   (or preset 'auto').\n"
+            "On Colab: Runtime > Change runtime type > T4 GPU."
+        )
+    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
+
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=model_id,
+        max_seq_length=preset.max_seq_length,
+        load_in_4bit=preset.load_in_4bit,
+        fast_inference=preset.use_vllm,
+        max_lora_rank=preset.lora_rank,
+        gpu_memory_utilization=preset.vllm_gpu_memory_utilization if preset.use_vllm else 0.5,
+    )
+    model = FastLanguageModel.get_peft_model(
+        model,
+        r=preset.lora_rank,
+        lora_alpha=preset.lora_alpha,
+        target_modules=list(preset.lora_targets),
+        use_gradient_checkpointing="unsloth" if preset.gradient_checkpointing else False,
+        random_state=preset.seed,
+    )
+    _ensure_pad_token(tokenizer)
+    return model, tokenizer
+
+
+def load_tokenizer(model_id: str, *, trust_remote_code: bool = False):
+    """The model's tokenizer with a pad token (left padding, as batched generation needs)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = _from_pretrained(AutoTokenizer, model_id, trust_remote_code=trust_remote_code)
+    _ensure_pad_token(tokenizer)
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+def _ensure_pad_token(tokenizer) -> None:
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *, trust_remote_code: bool = False):
+    """Load ``model`` (id, folder or ``embedded``) in float32 for evaluation, with ``adapter`` applied if given.
+
+    Returns ``(model, tokenizer)`` in eval mode. The adapter is kept as a PEFT wrapper (not merged), so the same object
+    can be compared against its merged export.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model_id = resolve_model_id(model)
+    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    if adapter is not None:
+        from peft import PeftModel
+
+        adapter_dir = Path(adapter)
+        if not (adapter_dir / "adapter_config.json").is_file():
+            raise GrpoKitError(
+                f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's 'adapter/' folder "
+                "or one of its 'checkpoint-N/' folders."
+            )
+        base = PeftModel.from_pretrained(base, str(adapter_dir))
+    base.eval()
+    return base, tokenizer
+
+
+def _from_pretrained(cls, model_id: str, **kwargs):
+    """``cls.from_pretrained`` with a clear message when the model cannot be found (offline, typo, no access)."""
+    try:
+        return cls.from_pretrained(model_id, **kwargs)
+    except (OSError, ValueError) as error:
+        if Path(model_id).exists():
+            raise
+        raise GrpoKitError(
+            f"Could not load model '{model_id}': {str(error).splitlines()[0]}\n"
+            "Check the id (e.g. Qwen/Qwen2.5-1.5B-Instruct) and your network/HF_TOKEN, or pass a local folder. "
+            f"Offline, use the embedded CPU model: --model embedded ({EMBEDDED_ID})."
+        ) from None
