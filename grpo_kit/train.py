@@ -1,0 +1,483 @@
+"""Training: a preset becomes a ``GRPOConfig``, rewards come from the registry by name, TRL's ``GRPOTrainer`` runs.
+
+What this module adds around TRL, and nothing more:
+
+- ``build_grpo_config``: preset + overrides → ``GRPOConfig``. Every key is checked against the installed TRL's
+  fields, so a TRL upgrade that renames a field fails loudly instead of being silently ignored.
+- ``MetricsLogger``: each logged step appended to ``<run_dir>/metrics.jsonl`` (the plots read it).
+- ``latest_checkpoint``: the newest *complete* ``checkpoint-N`` folder, so ``resume=True`` never picks a half-written
+  one; metrics logged after that checkpoint are cut so the history stays continuous.
+- ``train``: the whole run, returning a ``TrainResult`` with the reward at the start and at the end.
+
+Run folder layout (see docs/DESIGN.md)::
+
+    run_dir/run.json  metrics.jsonl  checkpoint-N/  adapter/  plots/rewards.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_kit.errors import GrpoKitError
+
+#: Preset field → GRPOConfig field, for the fields that are passed through unchanged.
+PRESET_TO_CONFIG = {
+    "learning_rate": "learning_rate",
+    "lr_scheduler_type": "lr_scheduler_type",
+    "warmup_steps": "warmup_steps",
+    "weight_decay": "weight_decay",
+    "max_grad_norm": "max_grad_norm",
+    "optim": "optim",
+    "num_generations": "num_generations",
+    "per_device_train_batch_size": "per_device_train_batch_size",
+    "gradient_accumulation_steps": "gradient_accumulation_steps",
+    "max_completion_length": "max_completion_length",
+    "temperature": "temperature",
+    "beta": "beta",
+    "loss_type": "loss_type",
+    "scale_rewards": "scale_rewards",
+    "mask_truncated_completions": "mask_truncated_completions",
+    "use_vllm": "use_vllm",
+    "vllm_gpu_memory_utilization": "vllm_gpu_memory_utilization",
+    "gradient_checkpointing": "gradient_checkpointing",
+    "max_steps": "max_steps",
+    "save_steps": "save_steps",
+    "logging_steps": "logging_steps",
+    "seed": "seed",
+}
+
+#: One-line explanations of the GRPO knobs that matter (shown by the CLI help and the notebooks).
+KNOBS = {
+    "loss_type": "how per-token losses are averaged: grpo (per sequence, length-biased), dr_grpo (constant "
+    "normaliser, no length bias), dapo (per token over the whole batch; TRL's default), bnpo (per token, per batch)",
+    "beta": "weight of the KL penalty to the reference model; 0 (default) needs no reference model and saves memory",
+    "scale_rewards": "divide advantages by the reward std of the group ('group'), the batch ('batch') or not ('none')",
+    "num_generations": "group size G: completions sampled per prompt; advantages compare a completion to its group",
+    "temperature": "sampling temperature; too low and a group's completions agree, leaving nothing to learn",
+    "mask_truncated_completions": "leave completions cut off at max_completion_length out of the loss",
+}
+
+#: Metrics copied into metrics.jsonl under the same name (plus every 'rewards/<name>/mean').
+TRACKED = (
+    "loss",
+    "grad_norm",
+    "learning_rate",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "kl",
+    "entropy",
+    "step_time",
+    "epoch",
+)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What a finished run left behind and how it went."""
+
+    run_dir: Path
+    adapter_dir: Path
+    metrics_path: Path
+    steps: int
+    seconds: float
+    reward_first: float | None  # mean reward over the first few logged steps
+    reward_last: float | None  # mean reward over the last few logged steps
+    history: list[dict] = field(default_factory=list, repr=False)
+
+    def summary(self) -> str:
+        start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
+        end = "n/a" if self.reward_last is None else f"{self.reward_last:.3f}"
+        return (
+            f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
+        )
+
+
+# --------------------------------------------------------------------------------------------- config
+
+
+def config_fields() -> set[str]:
+    """Names of the fields the installed TRL's ``GRPOConfig`` accepts."""
+    from trl import GRPOConfig
+
+    return {f.name for f in dataclasses.fields(GRPOConfig)}
+
+
+def _check_known(keys, known: set[str], what: str) -> None:
+    unknown = sorted(set(keys) - known)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, known, n=3)
+            hints.append(f"{key}" + (f" (did you mean {', '.join(close)}?)" if close else ""))
+        raise GrpoKitError(
+            f"{what} not accepted by the installed TRL's GRPOConfig: {'; '.join(hints)}.\n"
+            "Fix the name, or check the TRL version (grpo-kit is tested with trl==1.15.0)."
+        )
+
+
+def precision_flags(precision: str, on_cpu: bool) -> dict[str, Any]:
+    """GRPOConfig flags for a precision name. TRL 1.x turns bf16 on by default, which breaks CPUs and T4s.
+
+    >>> precision_flags("fp16", on_cpu=False)
+    {'bf16': False, 'fp16': True}
+    """
+    if precision not in {"fp32", "fp16", "bf16"}:
+        raise GrpoKitError(f"Unknown precision '{precision}': use fp32, fp16 or bf16.")
+    if on_cpu and precision != "fp32":
+        raise GrpoKitError(f"Precision {precision} needs a GPU; on CPU use the 'cpu' preset (fp32).")
+    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
+
+
+def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str, Any] | None = None, *, on_cpu=None):
+    """A ``GRPOConfig`` from ``preset`` plus ``overrides`` (GRPOConfig field names), checked against installed TRL.
+
+    ``on_cpu`` defaults to "no CUDA device". Unknown override names raise ``GrpoKitError`` with suggestions.
+    """
+    import torch
+    from trl import GRPOConfig
+
+    if on_cpu is None:
+        on_cpu = not torch.cuda.is_available()
+    known = config_fields()
+    overrides = dict(overrides or {})
+    _check_known(overrides, known, "Override(s)")
+    values: dict[str, Any] = {cfg: getattr(preset, name) for name, cfg in PRESET_TO_CONFIG.items()}
+    values.update(precision_flags(preset.precision, on_cpu))
+    values.update(
+        output_dir=str(output_dir),
+        use_cpu=on_cpu,
+        save_strategy="steps",
+        report_to=["tensorboard"] if _has_tensorboard() else "none",
+        logging_dir=str(Path(output_dir) / "tensorboard"),
+        reward_weights=[float(w) for _, w in preset.rewards] + [0.0],  # + the format_rate metric (weight 0)
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+    )
+    if preset.use_vllm:
+        values["vllm_mode"] = "colocate"
+    if on_cpu:
+        values["gradient_checkpointing"] = False
+    values.update(overrides)
+    _check_known(values, known, "Preset field(s)")
+    return GRPOConfig(**values)
+
+
+def _has_tensorboard() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["beta=0.04", "loss_type=dr_grpo"]`` → ``{"beta": 0.04, "loss_type": "dr_grpo"}`` (values read as JSON).
+
+    >>> parse_overrides(["beta=0.04", "loss_type=dr_grpo", "use_vllm=true"])
+    {'beta': 0.04, 'loss_type': 'dr_grpo', 'use_vllm': True}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise GrpoKitError(f"--set expects KEY=VALUE, got '{pair}'.")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+# --------------------------------------------------------------------------------------------- metrics
+
+
+def format_rate(completions, prefill=None, **kwargs) -> list[float]:
+    """Metric-only reward (weight 0): 1.0 when a completion is in the think/answer format, else 0.0.
+
+    TRL logs it as ``rewards/format_rate/mean``: the share of completions in the format.
+    """
+    from grpo_kit.rewards import REWARDS
+
+    scores = REWARDS["format"](completions, prefill=prefill, **kwargs)
+    return [1.0 if score > 0 else 0.0 for score in scores]
+
+
+def _clean(logs: dict[str, Any]) -> dict[str, Any]:
+    row = {}
+    for key, value in logs.items():
+        if key in TRACKED or (key.startswith("rewards/") and key.endswith("/mean")):
+            name = key[len("rewards/") : -len("/mean")] if key.startswith("rewards/") else key
+            name = "format_rate" if name == "format_rate" else (f"reward/{name}" if key.startswith("rewards/") else name)
+            row[name] = value
+    return row
+
+
+def make_metrics_logger(path: Path):
+    """A ``TrainerCallback`` that appends each training log as one JSON line to ``path``."""
+    from transformers import TrainerCallback
+
+    class MetricsLogger(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or not state.is_world_process_zero or "train_runtime" in logs:
+                return
+            row = {"step": state.global_step, **_clean(logs)}
+            with open(path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(row) + "\n")
+
+    return MetricsLogger()
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
+    rows = []
+    path = Path(path)
+    if not path.is_file():
+        return rows
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after ``last_step`` (they will be logged again after a resume); atomic rewrite."""
+    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def reward_first_last(history: list[dict], window: int = 3, key: str = "reward") -> tuple[float | None, float | None]:
+    """Mean of ``key`` over the first and the last ``window`` logged steps.
+
+    >>> reward_first_last([{"reward": 0.0}, {"reward": 0.2}, {"reward": 0.8}, {"reward": 1.0}], window=2)
+    (0.1, 0.9)
+    """
+    values = [row[key] for row in history if isinstance(row.get(key), (int, float))]
+    if not values:
+        return None, None
+    window = max(1, min(window, len(values) // 2 or 1))
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def is_complete_checkpoint(folder: Path) -> bool:
+    """A checkpoint is complete when its trainer state and adapter weights are both there and readable."""
+    state = folder / "trainer_state.json"
+    if not state.is_file() or not any(folder.glob("adapter_model.safetensors")):
+        return False
+    try:
+        json.loads(state.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return False
+    return True
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The ``checkpoint-N`` with the highest N that is complete, or None."""
+    run_dir = Path(run_dir)
+    candidates = []
+    for folder in run_dir.glob("checkpoint-*"):
+        suffix = folder.name.split("-", 1)[1]
+        if folder.is_dir() and suffix.isdigit() and is_complete_checkpoint(folder):
+            candidates.append((int(suffix), folder))
+    return max(candidates)[1] if candidates else None
+
+
+# --------------------------------------------------------------------------------------------- train
+
+
+def prepare_dataset(preset, tokenizer, data: str = "gsm8k", dataset=None):
+    """Load and format the training prompts for ``preset``. Returns ``(dataset, n_filtered)``."""
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+
+    if dataset is None:
+        dataset = load_gsm8k(data, split="train")
+    if len(dataset) == 0:
+        raise GrpoKitError(f"The training data '{data}' has no rows. Point --data at a file with question/answer rows.")
+    return format_for_grpo(
+        dataset,
+        tokenizer,
+        few_shot=preset.few_shot,
+        prefill=preset.prefill,
+        max_prompt_tokens=preset.max_prompt_length,
+    )
+
+
+def _run_info(preset, *, data: str, model: str, overrides: dict, reward_names: list[str]) -> dict:
+    import peft
+    import transformers
+    import trl
+
+    return {
+        "preset": dataclasses.asdict(preset),
+        "model": model,
+        "data": data,
+        "rewards": reward_names,
+        "overrides": overrides,
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+    }
+
+
+def train(
+    preset,
+    *,
+    data: str = "gsm8k",
+    dataset=None,
+    model: str | None = None,
+    rewards: str | list[str] | None = None,
+    max_steps: int | None = None,
+    output_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    overrides: dict[str, Any] | None = None,
+    callbacks: tuple = (),
+) -> TrainResult:
+    """Train a GRPO LoRA adapter: ``preset`` recipe, ``data`` prompts, ``rewards`` by name. See the module docstring.
+
+    ``rewards`` is a spec such as ``"correctness:2,format"`` (default: the preset's). ``dataset`` (a Dataset with
+    question/answer columns) replaces ``data`` when given. ``resume=True`` continues from the latest complete
+    checkpoint in ``output_dir``; without it, an existing non-empty run folder is refused rather than overwritten.
+    """
+    from trl import GRPOTrainer
+
+    from grpo_kit.models import load_model
+    from grpo_kit.rewards import parse_reward_spec
+    from grpo_kit.runtime import set_torch_threads
+
+    set_torch_threads()
+    if rewards is not None:
+        funcs, weights, names = parse_reward_spec(rewards)
+        preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))
+    else:
+        funcs, weights, names = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
+    if max_steps is not None:
+        preset = dataclasses.replace(preset, max_steps=max_steps)
+    run_dir = Path(output_dir or Path("runs") / f"{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    checkpoint = _prepare_run_dir(run_dir, resume)
+    overrides = dict(overrides or {})
+    config = build_grpo_config(preset, run_dir, overrides)  # validate settings before loading any weights
+
+    policy, tokenizer = load_model(preset, model=model)
+    train_set, _ = prepare_dataset(preset, tokenizer, data, dataset)
+    metrics_path = run_dir / "metrics.jsonl"
+    if checkpoint is not None:
+        truncate_metrics(metrics_path, _checkpoint_step(checkpoint))
+    info = _run_info(preset, data=data, model=model or preset.model, overrides=overrides, reward_names=names)
+    (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
+
+    trainer = GRPOTrainer(
+        model=policy,
+        reward_funcs=[*funcs, format_rate],
+        args=config,
+        train_dataset=train_set,
+        processing_class=tokenizer,
+        callbacks=[make_metrics_logger(metrics_path), *callbacks],
+    )
+    start = time.time()
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    seconds = time.time() - start
+    adapter_dir = _save_adapter(trainer, tokenizer, run_dir)
+    history = read_metrics(metrics_path)
+    first, last = reward_first_last(history)
+    return TrainResult(
+        run_dir=run_dir,
+        adapter_dir=adapter_dir,
+        metrics_path=metrics_path,
+        steps=trainer.state.global_step,
+        seconds=seconds,
+        reward_first=first,
+        reward_last=last,
+        history=history,
+    )
+
+
+def _checkpoint_step(checkpoint: Path) -> int:
+    return int(checkpoint.name.split("-", 1)[1])
+
+
+def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
+    """Create the run folder; on resume return the checkpoint to continue from. Never deletes user data."""
+    if resume:
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise GrpoKitError(
+                f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at the run folder, "
+                "or drop --resume to start a new run."
+            )
+        return checkpoint
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise GrpoKitError(
+            f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def _save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
+    """Write the final adapter to ``run_dir/adapter`` via a temporary folder, so it is never half-written."""
+    final = run_dir / "adapter"
+    staging = run_dir / ".adapter.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    trainer.save_model(str(staging))
+    tokenizer.save_pretrained(str(staging))
+    if final.exists():
+        old = run_dir / ".adapter.old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.rename(staging, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(staging, final)
+    return final
+
+
+# --------------------------------------------------------------------------------------------- CLI
+
+
+def cli_train(args) -> int:
+    """``grpo-kit train``: resolve the preset, train, print the summary and draw the curves."""
+    from grpo_kit.plots import plot_metrics
+    from grpo_kit.presets import auto_preset, get_preset
+
+    if args.preset == "auto":
+        preset, reason = auto_preset()
+        print(f"preset: {preset.name} ({reason})")
+    else:
+        preset = get_preset(args.preset)
+    if args.model:
+        preset = dataclasses.replace(preset, model=args.model)
+    knobs = {
+        "loss_type": args.loss_type,
+        "beta": args.beta,
+        "num_generations": args.num_generations,
+        "temperature": args.temperature,
+        "learning_rate": args.learning_rate,
+        "seed": args.seed,
+    }
+    preset = dataclasses.replace(preset, **{k: v for k, v in knobs.items() if v is not None})
+    result = train(
+        preset,
+        data=args.data,
+        rewards=args.rewards,
+        max_steps=args.max_steps,
+        output_dir=args.output,
+        resume=args.resume,
+        overrides=parse_overrides(args.set),
+    )
+    plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
+    print("\n" + result.summary() + f"\nplot: {plot}")
+    return 0

@@ -1,0 +1,196 @@
+"""Trainer wiring: config building, metrics, checkpoints, and real (tiny) GRPO runs on CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.presets import get_preset
+from grpo_kit.train import (
+    build_grpo_config,
+    latest_checkpoint,
+    parse_overrides,
+    read_metrics,
+    reward_first_last,
+    train,
+    truncate_metrics,
+)
+
+
+def test_cpu_config_turns_off_gpu_defaults(tmp_path):
+    config = build_grpo_config(get_preset("cpu"), tmp_path, on_cpu=True)
+    assert config.use_cpu is True
+    assert config.bf16 is False and config.fp16 is False  # TRL 1.x defaults bf16 on: that breaks CPUs
+    assert config.gradient_checkpointing is False
+    assert config.num_generations == get_preset("cpu").num_generations
+    assert config.reward_weights[-1] == 0.0  # the format_rate metric never shapes the loss
+
+
+def test_t4_config_uses_fp16(tmp_path):
+    config = build_grpo_config(get_preset("t4-16gb"), tmp_path, on_cpu=False) if _can_build_gpu_config() else None
+    if config is None:
+        pytest.skip("this TRL refuses fp16 without a GPU")
+    assert config.fp16 is True and config.bf16 is False
+
+
+def _can_build_gpu_config() -> bool:
+    try:
+        build_grpo_config(get_preset("t4-16gb"), "/tmp/grpo-kit-probe", on_cpu=False)
+    except (ValueError, GrpoKitError):
+        return False
+    return True
+
+
+def test_unknown_override_fails_loudly_with_suggestion(tmp_path):
+    with pytest.raises(GrpoKitError, match="learning_rate"):
+        build_grpo_config(get_preset("cpu"), tmp_path, {"learnin_rate": 1e-3}, on_cpu=True)
+
+
+def test_fp16_on_cpu_is_refused(tmp_path):
+    import dataclasses
+
+    preset = dataclasses.replace(get_preset("cpu"), precision="fp16")
+    with pytest.raises(GrpoKitError, match="GPU"):
+        build_grpo_config(preset, tmp_path, on_cpu=True)
+
+
+def test_override_is_applied(tmp_path):
+    config = build_grpo_config(get_preset("cpu"), tmp_path, {"loss_type": "dr_grpo", "beta": 0.04}, on_cpu=True)
+    assert config.loss_type == "dr_grpo" and config.beta == 0.04
+
+
+def test_parse_overrides_reads_json_values_and_rejects_garbage():
+    assert parse_overrides(["beta=0.1", "loss_type=grpo", "log_completions=false"]) == {
+        "beta": 0.1,
+        "loss_type": "grpo",
+        "log_completions": False,
+    }
+    with pytest.raises(GrpoKitError, match="KEY=VALUE"):
+        parse_overrides(["beta"])
+
+
+def _fake_checkpoint(run_dir, step, complete=True):
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "adapter_model.safetensors").write_bytes(b"x")
+    if complete:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    return folder
+
+
+def test_latest_checkpoint_skips_half_written(tmp_path):
+    _fake_checkpoint(tmp_path, 2)
+    _fake_checkpoint(tmp_path, 10)
+    _fake_checkpoint(tmp_path, 12, complete=False)  # killed while writing
+    (tmp_path / "checkpoint-14").mkdir()  # killed right after mkdir
+    assert latest_checkpoint(tmp_path).name == "checkpoint-10"
+    (tmp_path / "checkpoint-10" / "trainer_state.json").write_text("{trunc")  # torn state file
+    assert latest_checkpoint(tmp_path).name == "checkpoint-2"
+
+
+def test_latest_checkpoint_none_when_empty(tmp_path):
+    assert latest_checkpoint(tmp_path) is None
+
+
+def test_truncate_metrics_keeps_history_up_to_checkpoint(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(1, 6)) + '{"step": 6, "rew')
+    truncate_metrics(path, 3)
+    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3]
+
+
+def test_reward_first_last_uses_windows():
+    rows = [{"reward": r} for r in (0.0, 0.0, 0.5, 1.0, 1.0, 1.0)]
+    assert reward_first_last(rows, window=2) == (0.0, 1.0)
+    assert reward_first_last([]) == (None, None)
+
+
+def test_existing_run_folder_is_not_overwritten(tmp_path):
+    (tmp_path / "keep.txt").write_text("user data")
+    with pytest.raises(GrpoKitError, match="--resume"):
+        train(get_preset("cpu"), data="sample", output_dir=tmp_path)
+    assert (tmp_path / "keep.txt").read_text() == "user data"
+
+
+def test_resume_without_checkpoint_is_explained(tmp_path):
+    with pytest.raises(GrpoKitError, match="no complete checkpoint"):
+        train(get_preset("cpu"), data="sample", output_dir=tmp_path, resume=True)
+
+
+def _tiny_preset(tiny_model_dir, **changes):
+    settings = dict(
+        model=str(tiny_model_dir),
+        max_steps=2,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        learning_rate=0.05,
+        save_steps=1,
+        logging_steps=1,
+        few_shot=0,
+        max_prompt_length=512,
+    )
+    settings.update(changes)
+    return get_preset("cpu", **settings)
+
+
+def _toy_length_reward(completions, **kwargs):
+    """Reward = completion length in characters / 100: random text always varies, so every group has variance."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [len(text) / 100 for text in texts]
+
+
+@pytest.mark.slow
+def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    from grpo_kit.rewards import REWARDS
+
+    monkeypatch.setitem(REWARDS, "toy_length", _toy_length_reward)
+    result = train(_tiny_preset(tiny_model_dir), data="arithmetic", output_dir=tmp_path / "run", rewards="toy_length")
+    assert result.steps == 2
+    assert (result.adapter_dir / "adapter_config.json").is_file()
+    weights = load_file(result.adapter_dir / "adapter_model.safetensors")
+    lora_b = [t for name, t in weights.items() if "lora_B" in name]
+    assert lora_b, "adapter has no LoRA B matrices"
+    # LoRA B starts at exactly zero: a non-zero entry proves the optimizer updated the adapter.
+    assert any(t.abs().max() > 0 for t in lora_b)
+    rows = read_metrics(result.metrics_path)
+    assert [row["step"] for row in rows] == [1, 2]
+    assert {"reward", "format_rate", "reward/toy_length", "frac_reward_zero_std"} <= set(rows[0])
+    run_info = json.loads((result.run_dir / "run.json").read_text())
+    assert run_info["rewards"] == ["toy_length"]
+
+
+@pytest.mark.slow
+def test_resume_continues_at_the_right_step(tiny_model_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    preset = _tiny_preset(tiny_model_dir, max_steps=2)
+    train(preset, data="arithmetic", output_dir=run_dir)
+    assert latest_checkpoint(run_dir).name == "checkpoint-2"
+    resumed = train(_tiny_preset(tiny_model_dir, max_steps=3), data="arithmetic", output_dir=run_dir, resume=True)
+    assert resumed.steps == 3
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert latest_checkpoint(run_dir).name == "checkpoint-3"
+
+
+def test_cli_unknown_preset_is_a_clear_error(capsys):
+    from grpo_kit.cli import main
+
+    assert main(["train", "--preset", "no-such-tier", "--data", "sample"]) == 2
+    err = capsys.readouterr().err
+    assert "no-such-tier" in err and "cpu" in err
+
+
+def test_cli_help_lists_commands(capsys):
+    from grpo_kit.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("train", "demo", "eval", "export", "presets", "rewards"):
+        assert command in out
