@@ -21,17 +21,25 @@ from the end before any regex runs, so a 100k-character completion costs the sam
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 
 #: How much of the end of a text is scanned for answers. Final answers live at the end.
 MAX_SCAN_CHARS = 4000
 #: Numbers with more significant digits than this are treated as absurd (no GSM8K answer comes close).
 MAX_DIGITS = 30
+#: Decimal precision for canonical forms: enough for any number within MAX_DIGITS, so rounding never happens.
+_PRECISION = 2 * MAX_DIGITS + 4
 
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
-# A number: optional minus, digits with optional thousands commas, optional decimals; or a bare decimal like .5
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+")
-_BOXED = re.compile(r"\\boxed\s*\{([^{}]*)\}")
+# A number: optional minus, digits with optional thousands commas, optional decimals; or a bare decimal like .5.
+# A minus sign counts only when no word character precedes it ("5-3" holds the numbers 5 and 3, not 5 and -3);
+# U+2212 (the typographic minus) counts as a minus.
+_MINUS = r"(?:(?<!\w)[-\u2212])?"
+_NUMBER = re.compile(_MINUS + r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
+# \boxed{...} with at most one level of nested braces inside, e.g. \boxed{\frac{3}{4}}
+_BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
+_PLAIN_FRACTION = re.compile(r"([-\u2212]?\d+)\s*/\s*(\d+)")
+_LATEX_FRACTION = re.compile(r"([-\u2212]?)\s*\\[dt]?frac\s*\{\s*([-\u2212]?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 
 
 def _tail(text: str) -> str:
@@ -65,36 +73,61 @@ def extract_last_number(text: str) -> str | None:
 
 
 def normalize_number(text: str) -> str | None:
-    """Canonical decimal string of the single number in ``text``, or None when there is not exactly one reading.
+    """Canonical decimal string of the number ``text`` states, or None when it states none we can read.
 
     Accepts currency signs, thousands commas, units and words around the number ("72 clips", "$18", "18.0",
-    "\\boxed{18}", "-7", "1,000"), and a plain fraction "3/4". Returns None for no number, NaN/inf, or absurd
-    sizes (more than ``MAX_DIGITS`` digits).
+    "\\boxed{18}", "-7", "1,000"), a plain fraction "3/4" and a LaTeX one "\\frac{3}{4}". With several numbers
+    ("3 + 4 = 7") the last one is the answer. Returns None for no number, NaN/inf, an exponent ("10**400", "2^3",
+    "1e5": the last digits are not the value), or absurd sizes (more than ``MAX_DIGITS`` digits).
 
     >>> [normalize_number(s) for s in ["18.0", "$18", "\\\\boxed{18}", "1,080", "-7.50", "3/4", "none"]]
     ['18', '18', '18', '1080', '-7.5', '0.75', None]
+    >>> [normalize_number(s) for s in ["$\\\\frac{3}{4}$", "\u22127", "5-3", "10**400", "1" * 40]]
+    ['0.75', '-7', '3', None, None]
     """
     if not isinstance(text, str):
         return None
     text = _tail(text).strip()
     boxed = _BOXED.findall(text)
     if boxed:
-        text = boxed[-1]
-    fraction = re.fullmatch(r"\s*(-?\d+)\s*/\s*(\d+)\s*", text)
+        text = boxed[-1].strip()
+    core = text.strip("$ \t\n")
+    fraction = _PLAIN_FRACTION.fullmatch(core)
     if fraction:
-        numerator, denominator = int(fraction.group(1)), int(fraction.group(2))
-        if denominator == 0 or len(fraction.group(1)) > MAX_DIGITS:
-            return None
-        return _canonical(Decimal(numerator) / Decimal(denominator))
-    numbers = _NUMBER.findall(text)
-    if not numbers:
+        return _fraction(fraction.group(1), fraction.group(2))
+    latex = _LATEX_FRACTION.fullmatch(core)
+    if latex:
+        return _fraction(latex.group(1) + latex.group(2), latex.group(3))
+    numbers = list(_NUMBER.finditer(text))
+    if not numbers or _is_exponent(text, numbers[-1].start()):
         return None
+    last = numbers[-1]
     # "72 clips" has one number; "3 + 4 = 7" has several: take the last, as a human reader would.
-    return _to_canonical(numbers[-1])
+    return _to_canonical(last.group())
+
+
+def _is_exponent(text: str, start: int) -> bool:
+    """True when the number starting at ``start`` is an exponent: after "^", "**", or the "e" of "1e5"."""
+    before = text[max(0, start - 2) : start].rstrip()
+    if before.endswith(("^", "**")):
+        return True
+    return start >= 2 and text[start - 1] in "eE" and text[start - 2].isdigit()
+
+
+def _fraction(numerator: str, denominator: str) -> str | None:
+    numerator = numerator.replace("\u2212", "-").replace("--", "")
+    if len(numerator.lstrip("-")) > MAX_DIGITS or len(denominator) > MAX_DIGITS:
+        return None
+    top, bottom = int(numerator), int(denominator)
+    if bottom == 0:
+        return None
+    with localcontext() as context:
+        context.prec = _PRECISION
+        return _canonical(Decimal(top) / Decimal(bottom))
 
 
 def _to_canonical(number: str) -> str | None:
-    digits = number.replace(",", "")
+    digits = number.replace(",", "").replace("\u2212", "-")
     if len(digits.lstrip("-").replace(".", "")) > MAX_DIGITS:
         return None
     try:
@@ -107,7 +140,9 @@ def _to_canonical(number: str) -> str | None:
 def _canonical(value: Decimal) -> str | None:
     if not value.is_finite():
         return None
-    value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
+    with localcontext() as context:
+        context.prec = _PRECISION  # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
+        value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
     text = format(value, "f")
     return "0" if text in {"-0", "0"} else text
 
