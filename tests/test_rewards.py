@@ -1,0 +1,486 @@
+"""grpo_kit.rewards: a case table per reward, the TRL calling convention, prefill, registry and spec parsing."""
+
+from __future__ import annotations
+
+import doctest
+import math
+import pickle
+import re
+
+import pytest
+
+from grpo_kit import rewards
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.rewards import (
+    DEFAULT_REWARD_SPEC,
+    REWARD_INFO,
+    REWARDS,
+    cli_rewards,
+    parse_reward_spec,
+    reward_table_markdown,
+    score_completions,
+)
+
+GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
+GOLD = "72"
+
+
+def run(name, completion, answer=GOLD, prefill=None):
+    """Score one completion with reward ``name`` the way TRL calls it (keyword arguments, lists, extras)."""
+    kwargs = {
+        "prompts": ["question"],
+        "completion_ids": [[1, 2, 3]],
+        "trainer_state": None,
+        "log_extra": lambda *a, **k: None,
+        "log_metric": lambda *a, **k: None,
+        "question": ["How many clips?"],
+        "answer": [answer],
+    }
+    if prefill is not None:
+        kwargs["prefill"] = [prefill]
+    scores = REWARDS[name](completions=[completion], **kwargs)
+    assert isinstance(scores, list) and len(scores) == 1 and isinstance(scores[0], float)
+    return scores[0]
+
+
+def test_doctests_hold():
+    assert doctest.testmod(rewards).failed == 0
+
+
+# ----------------------------------------------------------------------------------------------- correctness
+
+
+@pytest.mark.parametrize(
+    ("completion", "answer", "expected"),
+    [
+        (GOOD, "72", 2.0),
+        ("<answer>72</answer>", "72", 2.0),
+        ("<answer>72.0</answer>", "72", 2.0),
+        ("<answer>$72</answer>", "72", 2.0),
+        ("<answer>72 clips</answer>", "72", 2.0),
+        ("<answer>\\boxed{72}</answer>", "72", 2.0),
+        ("<answer>1,000</answer>", "1000", 2.0),
+        ("<answer>$1,000.00</answer>", "1000", 2.0),
+        ("<answer>-7</answer>", "-7", 2.0),
+        ("<answer>\u22127</answer>", "-7", 2.0),
+        ("<answer>0.5</answer>", "0.5", 2.0),
+        ("<answer>\\frac{1}{2}</answer>", "0.5", 2.0),
+        ("<answer>1/2</answer>", "0.5", 2.0),
+        ("<answer>48 + 24 = 72</answer>", "72", 2.0),
+        ("<answer>\n72\n</answer>\n<|im_end|>", "72", 2.0),
+        ("<ANSWER>72</ANSWER>", "72", 2.0),
+        ("<answer>71</answer> <answer>72</answer>", "72", 2.0),  # the last block counts
+        ("<answer>72</answer> <answer>71</answer>", "72", 0.0),
+        ("<answer>7</answer>", "-7", 0.0),
+        ("<answer>-7</answer>", "7", 0.0),
+        ("<answer>71</answer>", "72", 0.0),
+        ("<answer>72.5</answer>", "72", 0.0),
+        ("<answer></answer>", "72", 0.0),
+        ("<answer>seventy-two</answer>", "72", 0.0),
+        ("<answer>72", "72", 0.0),  # unclosed
+        ("72", "72", 0.0),  # untagged
+        ("<think>72</think>", "72", 0.0),
+        ("", "72", 0.0),
+        ("<answer>nan</answer>", "72", 0.0),
+        ("<answer>inf</answer>", "72", 0.0),
+        (f"<answer>{10**400}</answer>", "72", 0.0),
+        ("<answer>10**400</answer>", "400", 0.0),
+        ("<answer>72</answer>", "", 0.0),
+        ("<answer>72</answer>", None, 0.0),
+        ("<answer>72</answer>" + "x" * 5000, "72", 0.0),  # answers are read from the end only
+    ],
+)
+def test_correctness(completion, answer, expected):
+    assert run("correctness", completion, answer) == expected
+
+
+def test_correctness_without_answer_column_scores_zero():
+    assert REWARDS["correctness"](["<answer>72</answer>", "x"]) == [0.0, 0.0]
+
+
+def test_correctness_accepts_numeric_gold():
+    assert REWARDS["correctness"](["<answer>72</answer>"], answer=[72]) == [2.0]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "<think>no answer</think>",
+        "<answer>71</answer>",
+        "<answer></answer>",
+        "",
+        "<answer>" + "9" * 500 + "</answer>",
+        "<answer>72",
+        "<answer>nan</answer>",
+    ],
+)
+def test_wrong_empty_missing_and_absurd_score_strictly_lower_than_correct(bad):
+    correct = score_completions([GOOD], GOLD)[0]
+    other = score_completions([bad], GOLD)[0]
+    assert run("correctness", bad) < run("correctness", GOOD)
+    assert other["total"] < correct["total"]
+
+
+# ----------------------------------------------------------------------------------------------- format (soft)
+
+
+UNSLOTH_SOFT_REGEX = r"<think>.*?</think>\s*<answer>.*?</answer>"  # the 2025 pattern, renamed tags, no DOTALL
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (GOOD, 0.5),
+        ("<think>a</think><answer>7</answer>", 0.5),
+        ("<think>\nline 1\nline 2\nline 3\n</think>\n\n<answer>\n7\n</answer>", 0.5),
+        ("  \n<think>a</think>  \n <answer>7</answer>", 0.5),
+        ("<think>a</think><answer>7</answer> trailing words allowed", 0.5),
+        ("<think></think><answer></answer>", 0.5),  # soft: empty blocks are still the shape
+        ("<think>a</think> b </think><answer>7</answer>", 0.5),  # a later </think> hands over to the answer
+        ("<think>a</think>" + " " * 10_000 + "<answer>7</answer>", 0.5),
+        ("<think>a</think>\n<answer>7", 0.0),  # answer never closed
+        ("<think>a</think> so <answer>7</answer>", 0.0),  # text between the blocks
+        ("<think>a<answer>7</answer>", 0.0),  # think never closed
+        ("Sure! <think>a</think><answer>7</answer>", 0.0),  # must start with the think block
+        ("<answer>7</answer><think>a</think>", 0.0),
+        ("<answer>7</answer>", 0.0),
+        ("<THINK>a</THINK><ANSWER>7</ANSWER>", 0.0),  # tags are case-sensitive
+        ("", 0.0),
+    ],
+)
+def test_format(completion, expected):
+    assert run("format", completion) == expected
+
+
+def test_format_matches_multi_line_reasoning_that_the_copied_regex_misses():
+    multi_line = "<think>\nstep 1\nstep 2\n</think>\n<answer>\n7\n</answer>"
+    assert re.match(UNSLOTH_SOFT_REGEX, multi_line) is None  # the widely copied bug (no DOTALL)
+    assert re.match(UNSLOTH_SOFT_REGEX, multi_line, re.DOTALL) is not None
+    assert run("format", multi_line) == 0.5
+    assert run("strict_format", multi_line) == 0.5
+
+
+# ----------------------------------------------------------------------------------------------- strict_format
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (GOOD, 0.5),
+        ("<think>\na\n</think>\n<answer>\n7\n</answer>", 0.5),
+        ("<think>\na\nb\nc\n</think>\n<answer>\n7\n</answer>\n", 0.5),
+        ("<think>a</think><answer>7</answer>", 0.5),  # whitespace-tolerant
+        ("\n  <think> a </think>  <answer> 7 </answer>  \n", 0.5),
+        ("<think>\na\n</think>\n<answer>\n7\n</answer><|im_end|>", 0.5),  # EOS markers after the answer are fine
+        ("<think>\na\n</think>\n<answer>\n7\n</answer>\n<|eot_id|>\n", 0.5),
+        ("<think>\na\n</think>\n<answer>\n7\n</answer></s>", 0.5),
+        ("<think>\na\n</think>\n<answer>\n7\n</answer>\nThanks!", 0.0),  # text after the answer
+        ("<think>\na\n</think>\n<answer>\n7\n</answer>\n<answer>8</answer>", 0.0),
+        ("Sure.\n<think>\na\n</think>\n<answer>\n7\n</answer>", 0.0),  # text before
+        ("<think>\na\n</think>\nSo:\n<answer>\n7\n</answer>", 0.0),  # text between
+        ("<think>\n\n</think>\n<answer>\n7\n</answer>", 0.0),  # empty reasoning
+        ("<think>\na\n</think>\n<answer>\n \n</answer>", 0.0),  # empty answer
+        ("<think>\na <think> b\n</think>\n<answer>\n7\n</answer>", 0.0),  # a tag twice
+        ("<think>\na </answer>\n</think>\n<answer>\n7\n</answer>", 0.0),
+        ("<answer>\n7\n</answer>\n<think>\na\n</think>", 0.0),
+        ("<think>\na\n</think>\n<answer>\n7\n", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_strict_format(completion, expected):
+    assert run("strict_format", completion) == expected
+
+
+# ----------------------------------------------------------------------------------------------- tag_count
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        (GOOD, 1.0),
+        ("<think>a</think><answer>7</answer>", 1.0),
+        ("<think>a</think><answer>7</answer>\n<|im_end|>", 1.0),  # whitespace and EOS are not trailing text
+        ("<think>a</think><answer>7</answer>" + "x" * 100, 0.9),
+        ("<think>a</think><answer>7</answer>" + "x" * 100_000, 0.75),  # penalty capped at 0.25
+        ("<think>a</think><answer>7", 0.75),
+        ("<think>a</think>", 0.5),
+        ("<think>", 0.25),
+        ("<think><think></think><answer>7</answer>", 0.75),  # <think> twice earns nothing for it
+        ("", 0.0),
+        ("no tags", 0.0),
+        ("</answer></answer>" + "x" * 1000, -0.25),  # the lower bound
+    ],
+)
+def test_tag_count(completion, expected):
+    assert run("tag_count", completion) == pytest.approx(expected)
+
+
+# ----------------------------------------------------------------------------------------------- integer
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<answer>72</answer>", 0.5),
+        ("<answer>\n72\n</answer>", 0.5),
+        ("<answer>-7</answer>", 0.5),
+        ("<answer>\u22127</answer>", 0.5),
+        ("<answer>0</answer>", 0.5),
+        ("<answer>1,000</answer>", 0.5),
+        ("<answer>1,000,000</answer>", 0.5),
+        ("<answer>3.5</answer>", 0.0),
+        ("<answer>72.0</answer>", 0.0),
+        ("<answer>72 clips</answer>", 0.0),
+        ("<answer>$72</answer>", 0.0),
+        ("<answer>1,00</answer>", 0.0),
+        ("<answer>+7</answer>", 0.0),
+        ("<answer>- 7</answer>", 0.0),
+        ("<answer>" + "9" * 500 + "</answer>", 0.0),  # absurd
+        ("<answer></answer>", 0.0),
+        ("<answer>seven</answer>", 0.0),
+        ("72", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_integer(completion, expected):
+    assert run("integer", completion) == expected
+
+
+# ----------------------------------------------------------------------------------------------- tag_progress
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<think>a</think><answer>7</answer>", 1.0),
+        ("a</think>\n<answer>7</answer>", 1.0),  # <think> is not scored (it is prefilled in the CPU recipe)
+        ("a</think> so the answer: <answer>7</answer>", 1.0),  # "followed by": anywhere after </think>
+        ("a</think><answer>7", 0.5),
+        ("a</think>", 0.25),
+        ("<answer>7</answer>", 0.5),  # tags present but no </think> before them
+        ("<answer>7</answer></think>", 0.75),
+        ("a</think></think><answer>7</answer>", 0.75),  # </think> twice earns nothing for it
+        ("a</think><answer>7</answer><answer>8</answer>", 0.5),
+        ("", 0.0),
+        ("just words", 0.0),
+    ],
+)
+def test_tag_progress(completion, expected):
+    assert run("tag_progress", completion) == expected
+
+
+def test_tag_progress_gives_partial_steps_a_ladder():
+    ladder = ["a", "a</think>", "a</think><answer>7", "a</think><answer>7</answer>"]
+    scores = REWARDS["tag_progress"](ladder, prefill=["<think>\n"] * len(ladder))
+    assert scores == sorted(scores) and len(set(scores)) == len(ladder)
+
+
+# ----------------------------------------------------------------------------------------------- answer_number
+
+
+@pytest.mark.parametrize(
+    ("completion", "expected"),
+    [
+        ("<answer>72</answer>", 0.5),
+        ("<answer>72 clips</answer>", 0.5),
+        ("<answer>$3.50</answer>", 0.5),
+        ("<answer>\\frac{1}{2}</answer>", 0.5),
+        ("<answer>seventy</answer>", 0.0),
+        ("<answer>nan</answer>", 0.0),
+        ("<answer></answer>", 0.0),
+        ("72", 0.0),
+    ],
+)
+def test_answer_number(completion, expected):
+    assert run("answer_number", completion) == expected
+
+
+# ----------------------------------------------------------------------------------------------- calling convention
+
+SAMPLES = [
+    GOOD,
+    "<think>a</think><answer>71</answer> extra",
+    "a</think><answer>72</answer>",
+    "<answer>-7</answer>",
+    "",
+    "<think>" * 50,
+]
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_conversational_and_plain_completions_score_the_same(name):
+    plain = REWARDS[name](SAMPLES, answer=[GOLD] * len(SAMPLES))
+    chat = [[{"role": "assistant", "content": text}] for text in SAMPLES]
+    assert REWARDS[name](chat, answer=[GOLD] * len(SAMPLES)) == plain
+    # several messages: the last one is the completion
+    longer = [
+        [{"role": "assistant", "content": "ignored <answer>72</answer>"}, {"role": "assistant", "content": t}]
+        for t in SAMPLES
+    ]
+    assert REWARDS[name](longer, answer=[GOLD] * len(SAMPLES)) == plain
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_odd_completion_objects_score_like_empty_text(name):
+    odd = [None, [], [{"role": "assistant"}], [{"role": "assistant", "content": None}], 42, {"content": 7}]
+    empty = REWARDS[name]([""], answer=[GOLD])[0]
+    assert REWARDS[name](odd, answer=[GOLD] * len(odd)) == [empty] * len(odd)
+
+
+def test_multimodal_content_parts_are_joined():
+    parts = [
+        {
+            "role": "assistant",
+            "content": [{"type": "text", "text": "<answer>"}, {"type": "text", "text": "72</answer>"}],
+        }
+    ]
+    assert REWARDS["correctness"]([parts], answer=[GOLD]) == [2.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "completion", "without", "with_prefill"),
+    [
+        ("format", "reasoning\n</think>\n<answer>72</answer>", 0.0, 0.5),
+        ("strict_format", "reasoning\n</think>\n<answer>\n72\n</answer>", 0.0, 0.5),
+        ("tag_count", "reasoning\n</think>\n<answer>72</answer>", 0.75, 1.0),
+        ("correctness", "reasoning</think><answer>72</answer>", 2.0, 2.0),
+        ("tag_progress", "reasoning</think><answer>72</answer>", 1.0, 1.0),
+    ],
+)
+def test_prefill_is_prepended_before_scoring(name, completion, without, with_prefill):
+    assert run(name, completion) == without
+    assert run(name, completion, prefill="<think>\n") == with_prefill
+    assert run(name, completion, prefill="") == without
+
+
+def test_prefill_written_again_counts_twice():
+    assert run("tag_count", "<think>\na</think><answer>7</answer>", prefill="<think>\n") == 0.75
+
+
+def test_prefill_as_single_string_and_short_list():
+    texts = ["a</think><answer>7</answer>", "b</think><answer>8</answer>"]
+    assert REWARDS["format"](texts, prefill="<think>") == [0.5, 0.5]
+    assert REWARDS["format"](texts, prefill=["<think>"]) == [0.5, 0.0]  # missing entries mean no prefill
+    assert REWARDS["format"](texts, prefill=[None, 3]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_one_float_per_completion_and_empty_batch(name):
+    assert REWARDS[name]([]) == []
+    scores = REWARDS[name](SAMPLES * 3, answer=[GOLD] * 18, prefill=["<think>\n"] * 18)
+    assert len(scores) == 18 and all(isinstance(s, float) and math.isfinite(s) for s in scores)
+
+
+# ----------------------------------------------------------------------------------------------- registry and table
+
+
+def test_registry_names_and_metadata():
+    required = {"correctness", "format", "strict_format", "tag_count", "integer", "tag_progress"}
+    assert required <= set(REWARDS)
+    assert list(REWARD_INFO) == list(REWARDS)
+    for name, fn in REWARDS.items():
+        info = REWARD_INFO[name]
+        assert info.name == name and info.low < info.high and info.description
+        assert fn.__name__ == name  # TRL logs rewards/<__name__>/mean
+        assert fn.__doc__ and "Range" in fn.__doc__ and ">>>" in fn.__doc__
+        assert pickle.loads(pickle.dumps(fn)) is fn
+
+
+@pytest.mark.parametrize("name", sorted(REWARDS))
+def test_scores_stay_within_the_documented_range(name):
+    info = REWARD_INFO[name]
+    texts = SAMPLES + ["</answer>" * 3 + "junk" * 1000, "<think>a</think><answer>7</answer>" + "x" * 10_000]
+    scores = REWARDS[name](texts, answer=[GOLD] * len(texts))
+    assert all(info.low <= s <= info.high for s in scores)
+
+
+def test_the_best_completion_reaches_every_upper_bound():
+    best = score_completions([GOOD], GOLD)[0]
+    for name, info in REWARD_INFO.items():
+        assert best[name] == info.high, name
+
+
+def test_reward_table_markdown_lists_every_reward():
+    table = reward_table_markdown()
+    lines = table.splitlines()
+    assert lines[0] == "| name | range | what it scores |" and lines[1] == "|---|---|---|"
+    assert len(lines) == 2 + len(REWARDS)
+    for name, line in zip(REWARDS, lines[2:], strict=True):
+        assert line.startswith(f"| `{name}` |") and line.count("|") == 4
+    assert "| `tag_count` | -0.25 to 1 |" in table
+    assert not re.search(r"(?<!`)<(think|answer)>(?![^`]*`)", table)  # tags are in code spans (no raw HTML)
+
+
+def test_cli_rewards_prints_the_table(capsys):
+    assert cli_rewards(None) == 0
+    out = capsys.readouterr().out
+    assert reward_table_markdown() in out
+
+
+# ----------------------------------------------------------------------------------------------- parse_reward_spec
+
+
+@pytest.mark.parametrize(
+    ("spec", "names", "weights"),
+    [
+        ("correctness:2,format", ["correctness", "format"], [2.0, 1.0]),
+        (" correctness : 2 , format ", ["correctness", "format"], [2.0, 1.0]),
+        ("tag_progress", ["tag_progress"], [1.0]),
+        ("Strict-Format:0.5", ["strict_format"], [0.5]),
+        ("correctness:0,format:-1", ["correctness", "format"], [0.0, -1.0]),
+        ("correctness,,format,", ["correctness", "format"], [1.0, 1.0]),
+        (["correctness:2", "format"], ["correctness", "format"], [2.0, 1.0]),
+        (("integer",), ["integer"], [1.0]),
+        (DEFAULT_REWARD_SPEC, DEFAULT_REWARD_SPEC.split(","), [1.0] * 5),
+    ],
+)
+def test_parse_reward_spec(spec, names, weights):
+    funcs, got_weights, got_names = parse_reward_spec(spec)
+    assert got_names == names and got_weights == weights
+    assert funcs == [REWARDS[n] for n in names]
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("correctnes", "correctness, format, strict_format"),  # unknown: the valid names are listed
+        ("correctness,bogus:2", "Unknown reward 'bogus'"),
+        ("correctness:two", "Bad weight"),
+        ("correctness:", "Bad weight"),
+        ("correctness:nan", "Bad weight"),
+        ("correctness:inf", "Bad weight"),
+        ("correctness:1:2", "Bad weight"),
+        ("format,format:2", "named twice"),
+        ("", "No reward named"),
+        (" , ", "No reward named"),
+        ([], "No reward named"),
+        (None, "must be a string"),
+        (["correctness", 2], "must be a string"),
+    ],
+)
+def test_parse_reward_spec_errors(spec, message):
+    with pytest.raises(GrpoKitError, match=re.escape(message)):
+        parse_reward_spec(spec)
+
+
+# ----------------------------------------------------------------------------------------------- score_completions
+
+
+def test_score_completions_rows():
+    rows = score_completions([GOOD, "<answer>71</answer>"], [GOLD, GOLD], names=["correctness", "format"])
+    assert rows == [
+        {"correctness": 2.0, "format": 0.5, "total": 2.5},
+        {"correctness": 0.0, "format": 0.0, "total": 0.0},
+    ]
+
+
+def test_score_completions_defaults_to_every_reward_and_broadcasts_gold_and_prefill():
+    rows = score_completions(["a</think><answer>72</answer>"], GOLD, prefill="<think>")
+    assert set(rows[0]) == set(REWARDS) | {"total"}
+    assert rows[0]["format"] == 0.5 and rows[0]["correctness"] == 2.0
+    assert rows[0]["total"] == pytest.approx(sum(v for k, v in rows[0].items() if k != "total"))
+
+
+def test_score_completions_rejects_unknown_names():
+    with pytest.raises(GrpoKitError, match="Unknown reward"):
+        score_completions([GOOD], GOLD, names=["nope"])
