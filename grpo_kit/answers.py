@@ -33,8 +33,8 @@ _PRECISION = 2 * MAX_DIGITS + 4
 _ANSWER_BLOCK = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 # A number: optional minus, digits with optional thousands commas, optional decimals; or a bare decimal like .5.
 # A minus sign counts only when no word character precedes it ("5-3" holds the numbers 5 and 3, not 5 and -3);
-# U+2212 (the typographic minus) counts as a minus.
-_MINUS = r"(?:(?<!\w)[-\u2212])?"
+# U+2212 (the typographic minus) counts as a minus; a dollar sign may sit between minus and digits ("-$5").
+_MINUS = r"(?:(?<!\w)[-\u2212]\$?)?"  # "-$5" is minus five dollars
 _NUMBER = re.compile(_MINUS + r"(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
 # \boxed{...} with at most one level of nested braces inside, e.g. \boxed{\frac{3}{4}}
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
@@ -123,12 +123,15 @@ def _fraction(numerator: str, denominator: str) -> str | None:
         return None
     with localcontext() as context:
         context.prec = _PRECISION
-        return _canonical(Decimal(top) / Decimal(bottom))
+        value = Decimal(top) / Decimal(bottom)
+        # Round so the canonical form keeps at most MAX_DIGITS digits: 1/3 -> 0.333... (29 threes), not absurd.
+        places = MAX_DIGITS - max(value.adjusted() + 1, 1)
+        return _canonical(value.quantize(Decimal(1).scaleb(-places)) if places > 0 else value)
 
 
 def _to_canonical(number: str) -> str | None:
-    digits = number.replace(",", "").replace("\u2212", "-")
-    if len(digits.lstrip("-").replace(".", "")) > MAX_DIGITS:
+    digits = number.replace(",", "").replace("$", "").replace("\u2212", "-")
+    if _digit_count(digits) > MAX_DIGITS:
         return None
     try:
         value = Decimal(digits)
@@ -144,7 +147,13 @@ def _canonical(value: Decimal) -> str | None:
         context.prec = _PRECISION  # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
         value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
     text = format(value, "f")
+    if _digit_count(text) > MAX_DIGITS:
+        return None
     return "0" if text in {"-0", "0"} else text
+
+
+def _digit_count(number: str) -> int:
+    return sum(char.isdigit() for char in number)
 
 
 def answers_match(predicted: str | None, gold: str | None) -> bool:
