@@ -501,8 +501,8 @@ def cli_presets(args) -> int:
     print(presets_table())
     print(
         "\nGiB: memory PyTorch reports on the tier's card. G: completions per question. q/step: questions per "
-        "optimizer step.\nplan: the VRAM planner's estimate (GiB). Details: grpo-kit presets --plan NAME; "
-        "docs/VRAM.md."
+        "optimizer step.\nplan: the VRAM planner's estimate in GiB (for cpu: RAM, prompts at full length). "
+        "Breakdown: grpo-kit presets --plan NAME; docs/VRAM.md."
     )
     return 0
 
