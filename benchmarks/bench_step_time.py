@@ -1,0 +1,144 @@
+"""Seconds per GRPO step: the kit's ``train()`` vs a plain TRL ``GRPOTrainer`` script, same CPU config, one run.
+
+Both sides use the embedded SmolLM2-135M, the ``cpu`` preset's numbers, the same formatted prompts and the same
+reward functions; the only difference is the kit's wiring (config building, metrics logger, adapter saving).
+Runs are interleaved A-B-B-A so slow drift of the machine cancels out. Target: ratio kit / plain <= 1.02.
+
+    .venv/bin/python benchmarks/bench_step_time.py [--steps 3] [--threads 2]
+
+Step time is measured by a callback (wall time between on_step_begin and on_step_end), the first step of every
+run is dropped as warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def step_timer():
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.times.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def run_kit(preset, workdir: Path) -> list[float]:
+    from grpo_kit.train import train
+
+    timer = step_timer()
+    train(preset, data="sample", output_dir=workdir / f"kit-{time.time_ns()}", callbacks=(timer,))
+    return timer.times[1:]
+
+
+def run_plain_trl(preset, workdir: Path) -> list[float]:
+    """What a user would write by hand with TRL + PEFT for the same recipe."""
+    import torch
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOConfig, GRPOTrainer
+
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.models import embedded_model_path
+    from grpo_kit.rewards import parse_reward_spec
+
+    path = embedded_model_path()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    dataset, _ = format_for_grpo(
+        load_gsm8k("sample", split="train"),
+        tokenizer,
+        few_shot=preset.few_shot,
+        prefill=preset.prefill,
+        max_prompt_tokens=preset.max_prompt_length,
+    )
+    funcs, weights, _ = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
+    config = GRPOConfig(
+        output_dir=str(workdir / f"plain-{time.time_ns()}"),
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        learning_rate=preset.learning_rate,
+        lr_scheduler_type=preset.lr_scheduler_type,
+        warmup_steps=preset.warmup_steps,
+        weight_decay=preset.weight_decay,
+        max_grad_norm=preset.max_grad_norm,
+        optim=preset.optim,
+        num_generations=preset.num_generations,
+        per_device_train_batch_size=preset.per_device_train_batch_size,
+        gradient_accumulation_steps=preset.gradient_accumulation_steps,
+        max_completion_length=preset.max_completion_length,
+        temperature=preset.temperature,
+        beta=preset.beta,
+        loss_type=preset.loss_type,
+        scale_rewards=preset.scale_rewards,
+        mask_truncated_completions=preset.mask_truncated_completions,
+        max_steps=preset.max_steps,
+        save_steps=preset.save_steps,
+        logging_steps=preset.logging_steps,
+        seed=preset.seed,
+        reward_weights=weights,
+        report_to="none",
+    )
+    lora = LoraConfig(
+        r=preset.lora_rank,
+        lora_alpha=preset.lora_alpha,
+        target_modules=list(preset.lora_targets),
+        task_type="CAUSAL_LM",
+    )
+    timer = step_timer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora,
+        callbacks=[timer],
+    )
+    trainer.train()
+    return timer.times[1:]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (first one is warm-up)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = parser.parse_args()
+
+    import dataclasses
+
+    import torch
+
+    from grpo_kit.presets import get_preset
+
+    torch.set_num_threads(args.threads)
+    preset = dataclasses.replace(get_preset("cpu"), max_steps=args.steps, save_steps=10_000)
+    times: dict[str, list[float]] = {"kit": [], "plain": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        for name in ("kit", "plain", "plain", "kit"):
+            runner = run_kit if name == "kit" else run_plain_trl
+            run_times = runner(preset, workdir)
+            times[name].extend(run_times)
+            print(f"{name:>5}: {', '.join(f'{t:.2f}' for t in run_times)} s/step")
+    kit, plain = statistics.mean(times["kit"]), statistics.mean(times["plain"])
+    print(f"\nsteps timed: kit {len(times['kit'])}, plain {len(times['plain'])} (warm-up steps dropped)")
+    print(f"kit   {kit:.2f} s/step\nplain {plain:.2f} s/step\nratio kit/plain = {kit / plain:.3f} (target <= 1.02)")
+
+
+if __name__ == "__main__":
+    main()
