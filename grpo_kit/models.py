@@ -114,14 +114,12 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
     transformers + PEFT on the same LoRA settings. Either way the result is a ``peft.PeftModel``-like module whose
     ``save_pretrained`` writes an adapter, plus a tokenizer with a pad token.
     """
+    from grpo_kit.planner import needs_gpu
+
     model_id = resolve_model_id(model or preset.model)
-    if _wants_gpu(preset):
+    if needs_gpu(preset):
         return _load_unsloth(preset, model_id)
     return _load_peft_cpu(preset, model_id, trust_remote_code=trust_remote_code)
-
-
-def _wants_gpu(preset) -> bool:
-    return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
 
 
 def _load_peft_cpu(preset, model_id: str, *, trust_remote_code: bool = False):

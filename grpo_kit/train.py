@@ -356,7 +356,7 @@ def train(
     from grpo_kit.compat import ensure_logprob_kernel
     from grpo_kit.models import load_model
     from grpo_kit.rewards import parse_reward_spec
-    from grpo_kit.runtime import set_torch_threads
+    from grpo_kit.runtime import detect_device, set_torch_threads
 
     set_torch_threads()
     ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
@@ -367,10 +367,11 @@ def train(
         funcs, weights, names = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
+    preset, overrides = split_overrides(preset, overrides or {})
+    check_device(preset, detect_device())  # settings are checked before any weights load
     run_dir = Path(output_dir or Path("runs") / f"{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    config = build_grpo_config(preset, run_dir, overrides)
     checkpoint = _prepare_run_dir(run_dir, resume)
-    overrides = dict(overrides or {})
-    config = build_grpo_config(preset, run_dir, overrides)  # validate settings before loading any weights
 
     policy, tokenizer = load_model(preset, model=model)
     train_set, _ = prepare_dataset(preset, tokenizer, data, dataset)
@@ -404,6 +405,36 @@ def train(
         reward_last=last,
         history=history,
     )
+
+
+def split_overrides(preset, overrides: dict[str, Any]):
+    """Apply override keys that are preset fields to the preset (so its checks run and model loading sees them,
+    e.g. ``use_vllm=false``); return ``(preset, remaining GRPOConfig overrides)``."""
+    preset_fields = {f.name for f in dataclasses.fields(preset)}
+    mine = {k: v for k, v in overrides.items() if k in preset_fields}
+    rest = {k: v for k, v in overrides.items() if k not in preset_fields}
+    return (dataclasses.replace(preset, **mine) if mine else preset), rest
+
+
+def check_device(preset, device) -> None:
+    """Refuse settings the machine cannot run, and warn when the VRAM planner expects the preset not to fit.
+
+    Raises ``GrpoKitError`` for a GPU-only preset without a GPU and for bf16 on a card without bf16 (a T4).
+    """
+    import warnings
+
+    from grpo_kit.planner import check_fits, needs_gpu
+
+    if device.kind != "cuda" and needs_gpu(preset):
+        raise GrpoKitError(check_fits(preset, device))
+    if device.kind == "cuda" and preset.precision == "bf16" and not device.bf16:
+        raise GrpoKitError(
+            f"{device.name} has no bf16 support (a T4 or older card). Use fp16: pass precision='fp16' "
+            "(--set precision=fp16) or the t4-16gb preset."
+        )
+    problem = check_fits(preset, device)
+    if problem:
+        warnings.warn(f"VRAM planner: {problem}", stacklevel=3)
 
 
 def _checkpoint_step(checkpoint: Path) -> int:

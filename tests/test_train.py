@@ -137,7 +137,7 @@ def _tiny_preset(tiny_model_dir, **changes):
     return get_preset("cpu", **settings)
 
 
-def _toy_length_reward(completions, **kwargs):
+def toy_length(completions, **kwargs):
     """Reward = completion length in characters / 100: random text always varies, so every group has variance."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
     return [len(text) / 100 for text in texts]
@@ -149,7 +149,7 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
 
     from grpo_kit.rewards import REWARDS
 
-    monkeypatch.setitem(REWARDS, "toy_length", _toy_length_reward)
+    monkeypatch.setitem(REWARDS, "toy_length", toy_length)
     result = train(_tiny_preset(tiny_model_dir), data="arithmetic", output_dir=tmp_path / "run", rewards="toy_length")
     assert result.steps == 2
     assert (result.adapter_dir / "adapter_config.json").is_file()
@@ -194,3 +194,31 @@ def test_cli_help_lists_commands(capsys):
     out = capsys.readouterr().out
     for command in ("train", "demo", "eval", "export", "presets", "rewards"):
         assert command in out
+
+
+def test_gpu_preset_on_cpu_is_refused_before_any_weights_load(tmp_path, monkeypatch):
+    import grpo_kit.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("model loaded before the check"))
+    with pytest.raises(GrpoKitError, match="--preset cpu"):
+        train(get_preset("t4-16gb"), data="sample", output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()  # nothing written either
+
+
+def test_bf16_on_a_t4_is_refused_with_the_fix():
+    from grpo_kit.runtime import DeviceInfo
+    from grpo_kit.train import check_device
+
+    t4 = DeviceInfo(kind="cuda", name="Tesla T4", vram_gb=14.7, bf16=False)
+    with pytest.raises(GrpoKitError, match="fp16"):
+        check_device(get_preset("l4-24gb"), t4)
+    check_device(get_preset("t4-16gb"), t4)  # the T4 preset itself is fine
+
+
+def test_preset_fields_in_overrides_go_to_the_preset():
+    from grpo_kit.train import split_overrides
+
+    preset, rest = split_overrides(get_preset("t4-16gb"), {"use_vllm": False, "log_completions": True})
+    assert preset.use_vllm is False and rest == {"log_completions": True}
+    with pytest.raises(GrpoKitError):  # the preset's own validation runs on the new values
+        split_overrides(get_preset("cpu"), {"num_generations": 3})
