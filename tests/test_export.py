@@ -1,0 +1,239 @@
+"""Exports: every CPU format round-trips through its own loader with matching logits, and broken exports fail loudly.
+
+The adapter is made here with PEFT on the tiny random Llama (``tiny_model_dir``), with the LoRA B matrices set to
+non-zero random values: a fresh LoRA has B = 0 and changes nothing, so it could not catch an export that drops it.
+"""
+
+from __future__ import annotations
+
+import doctest
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import grpo_kit.export as export_module
+import grpo_kit.gguf_export as gguf_module
+import grpo_kit.model_card as card_module
+from grpo_kit.cli import main
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.evaluate import EvalResult
+from grpo_kit.export import export, normalize_evals, parse_formats
+
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
+
+
+def make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0):
+    """Save a LoRA adapter for ``base_dir`` whose B weights are N(0, std) (so it changes the logits) plus tokenizer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, std)
+    peft_model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, tiny_model_dir):
+    """A run folder like train writes: run.json, metrics.jsonl, adapter/."""
+    run = tmp_path_factory.mktemp("run")
+    make_adapter(tiny_model_dir, run / "adapter")
+    info = {
+        "preset": {"name": "cpu", "lora_rank": 4, "lora_alpha": 8, "num_generations": 4, "learning_rate": 5e-4,
+                   "few_shot": 1, "prefill": "<think>\n", "max_steps": 12},
+        "model": str(tiny_model_dir),
+        "data": "sample",
+        "rewards": ["tag_progress", "correctness"],
+        "overrides": {},
+    }
+    (run / "run.json").write_text(json.dumps(info))
+    (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "reward": 0.1 * s}) for s in range(1, 8)))
+    return run
+
+
+def _files(folder):
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def test_docstring_examples():
+    for module in (export_module, gguf_module, card_module):
+        assert doctest.testmod(module).failed == 0
+
+
+def test_parse_formats_and_names():
+    assert parse_formats("gguf,lora") == ("lora", "gguf")
+    assert parse_formats(["merged16"]) == ("merged16",)
+    with pytest.raises(GrpoKitError, match="lora, merged16, gguf"):
+        parse_formats("merged_4bit")
+    with pytest.raises(GrpoKitError):
+        gguf_module.check_gguf_type("q4_k_m")
+
+
+def test_permute_rotary_is_what_transformers_undoes():
+    """transformers' GGUF loader reverses llama.cpp's q/k row order; our permutation must be its exact inverse."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    rng = np.random.default_rng(0)
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 4, "num_key_value_heads": 2})
+    q = rng.normal(size=(4 * 8, 32)).astype(np.float32)
+    k = rng.normal(size=(2 * 8, 32)).astype(np.float32)
+    q_back = processor.process(gguf_module.permute_rotary(q, 4), "blk.0.attn_q.weight").weights
+    k_back = processor.process(gguf_module.permute_rotary(k, 2), "blk.0.attn_k.weight").weights
+    np.testing.assert_array_equal(q_back, q)
+    np.testing.assert_array_equal(k_back, k)
+    assert not np.array_equal(gguf_module.permute_rotary(q, 4), q)
+
+
+def test_unsupported_architectures_are_refused_with_a_way_out():
+    with pytest.raises(GrpoKitError, match="llama architecture only.*save_pretrained_gguf"):
+        gguf_module.check_supported(SimpleNamespace(model_type="qwen2"))
+    with pytest.raises(GrpoKitError, match="Rope scaling"):
+        gguf_module.check_supported(SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "llama3"}))
+
+
+def test_normalize_evals_accepts_results_dicts_and_files(tmp_path):
+    result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
+    path = result.save(tmp_path / "eval_after.json")
+    evals = normalize_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path})
+    assert evals["after"]["accuracy_lenient"] == 0.5 and evals["before"]["n"] == 4
+    assert normalize_evals(result) == {"eval": result.to_dict()}
+    with pytest.raises(GrpoKitError, match="not found"):
+        normalize_evals(tmp_path / "missing.json")
+
+
+@pytest.mark.slow
+def test_every_cpu_format_round_trips(run_dir, tmp_path):
+    results = export(run_dir / "adapter", ("lora", "merged16", "gguf"), out_dir=tmp_path, name="all", gguf_type="q8_0")
+    target = tmp_path / "all"
+    assert [r.format for r in results] == ["lora", "gguf", "merged16"]
+    by_format = {r.format: r for r in results}
+    for result in results:
+        assert result.path.exists() and target in result.path.parents
+        assert 0 <= result.max_abs_diff <= result.tolerance
+        assert result.lora_effect > result.tolerance  # the check really could see a missing LoRA
+        assert result.mean_abs_diff < result.lora_effect
+    assert by_format["lora"].tolerance < by_format["merged16"].tolerance < by_format["gguf"].tolerance
+    assert by_format["lora"].max_abs_diff < 1e-5
+    files = _files(target)
+    assert "lora/adapter_model.safetensors" in files and "merged16/model.safetensors" in files
+    assert "gguf/all-q8_0.gguf" in files and "gguf/Modelfile" in files
+    assert not any(f.endswith(".bin") for f in files)
+    config = json.loads((target / "merged16" / "config.json").read_text())
+    assert config["dtype"] == "bfloat16"  # float32 base stored as bf16 (documented choice)
+    card = (target / "README.md").read_text()
+    assert "| preset | cpu |" in card and "| steps | 7 |" in card and "tag_progress" in card
+    assert f"{by_format['gguf'].max_abs_diff:.3g}" in card
+    recorded = json.loads((target / "export.json").read_text())
+    assert [f["format"] for f in recorded["formats"]] == ["lora", "gguf", "merged16"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+
+
+@pytest.mark.slow
+def test_merge_that_drops_the_lora_fails_verification(run_dir, tmp_path, monkeypatch):
+    """The classic bug: the merged model is just the base. Verification must refuse it and write nothing."""
+
+    def base_only(peft_model):
+        return peft_model.unload()  # removes the LoRA layers without merging them
+
+    monkeypatch.setattr(export_module, "merge_adapter", base_only)
+    with pytest.raises(GrpoKitError, match="merged16.*(exceeds|LoRA weights are missing)"):
+        export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="broken")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_overwrite_guard_and_failed_overwrite_keeps_the_old_export(run_dir, tmp_path, monkeypatch):
+    export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="x")
+    before = _files(tmp_path / "x")
+    with pytest.raises(GrpoKitError, match="--overwrite"):
+        export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="x")
+
+    monkeypatch.setattr(export_module, "merge_adapter", lambda peft_model: peft_model.unload())
+    with pytest.raises(GrpoKitError, match="verification failed"):
+        export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="x", overwrite=True)
+    assert _files(tmp_path / "x") == before  # the verified old export survived the failed replacement
+    monkeypatch.undo()
+
+    results = export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="x", overwrite=True)
+    assert results[0].format == "merged16"
+    assert "merged16/model.safetensors" in _files(tmp_path / "x") and "lora/adapter_config.json" not in _files(tmp_path / "x")
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]
+
+
+@pytest.mark.slow
+def test_interrupted_export_leaves_no_folder_that_looks_complete(run_dir, tmp_path, monkeypatch):
+    real_save = export_module._write_merged16
+
+    def crash_midway(merged, tokenizer, folder, dtype_name):
+        real_save(merged, tokenizer, folder, dtype_name)  # the weights are on disk...
+        raise KeyboardInterrupt  # ...and then the user presses Ctrl-C
+
+    monkeypatch.setattr(export_module, "_write_merged16", crash_midway)
+    with pytest.raises(KeyboardInterrupt):
+        export(run_dir / "adapter", ("lora", "merged16"), out_dir=tmp_path, name="cut")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_model_card_has_the_eval_numbers_it_was_given(run_dir, tmp_path):
+    before = EvalResult(0.012, 0.034, 0.0, 61.0, n=50, seed=0, protocol="bundled sample, strict/lenient")
+    after = {"accuracy_strict": 0.187, "accuracy_lenient": 0.243, "format_rate": 0.96, "mean_completion_tokens": 44.0,
+             "n": 50, "protocol": "bundled sample, strict/lenient"}
+    export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="card", eval_results={"before": before, "after": after})
+    card = (tmp_path / "card" / "README.md").read_text()
+    assert "| before | 50 | 1.2 % | 3.4 % | 0.0 % | 61.0 |" in card
+    assert "| after | 50 | 18.7 % | 24.3 % | 96.0 % | 44.0 |" in card
+    assert "Protocol: bundled sample, strict/lenient" in card
+    assert "PeftModel.from_pretrained" in card
+
+
+@pytest.mark.slow
+def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
+    calls = []
+
+    def fake_upload(folder, repo, token):
+        calls.append((folder, repo, token))
+        return f"https://huggingface.co/{repo}"
+
+    monkeypatch.setattr(export_module, "upload_folder", fake_upload)
+    results = export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="pushed", push_to_hub="me/grpo-test")
+    assert calls == [(tmp_path / "pushed", "me/grpo-test", FAKE_TOKEN)]
+    assert results[0].hub_url == "https://huggingface.co/me/grpo-test"
+    captured = capsys.readouterr()
+    assert FAKE_TOKEN not in captured.out + captured.err
+    for path in (tmp_path / "pushed").rglob("*"):
+        if path.is_file():
+            assert FAKE_TOKEN.encode() not in path.read_bytes(), path
+
+    def failing_upload(folder, repo, token):
+        raise RuntimeError(f"401 Unauthorized for token {token}")
+
+    monkeypatch.setattr(export_module, "upload_folder", failing_upload)
+    with pytest.raises(GrpoKitError) as error:
+        export_module.push_folder(tmp_path / "pushed", "me/grpo-test")
+    assert FAKE_TOKEN not in str(error.value) and "***" in str(error.value)
+
+    monkeypatch.delenv("HF_TOKEN")
+    with pytest.raises(GrpoKitError, match="HF_TOKEN"):
+        export_module.push_folder(tmp_path / "pushed", "me/grpo-test")
+
+
+@pytest.mark.slow
+def test_cli_export_refuses_to_overwrite(run_dir, tmp_path, capsys):
+    args = ["export", "--adapter", str(run_dir / "adapter"), "--out-dir", str(tmp_path), "--name", "cli"]
+    assert main(args) == 0
+    assert "verified" in capsys.readouterr().out
+    assert main(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main([*args, "--overwrite"]) == 0
