@@ -1,0 +1,483 @@
+"""Held-out accuracy: greedy pass@1 (and optional maj@k) on GSM8K-format questions, before and after training.
+
+Every number comes with its protocol, because the protocol alone moves GSM8K scores by many points:
+
+- **strict**: the number inside the last ``<answer>…</answer>`` block (``answers.extract_tagged_answer``);
+- **lenient**: the last number anywhere in the completion (``answers.extract_last_number``);
+- both compared to the gold number after normalization (``answers.answers_match``: ``"$1,000"`` == ``"1000.0"``).
+
+Prompts are built exactly as for training (``data.build_messages`` + the chat template via ``data.render_prompt``,
+plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
+
+On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding. On a GPU,
+a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead;
+that path is small, marked below, and cannot run in the CPU test suite.
+
+>>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
+...                n=4, seed=0, protocol="toy")
+>>> r.to_dict()["accuracy_lenient"], "rows" in r.to_dict()
+(0.5, False)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
+from grpo_kit.errors import GrpoKitError
+
+#: Sampling temperature for maj@k (greedy pass@1 uses no temperature).
+MAJ_TEMPERATURE = 0.7
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Metrics of one evaluation (fractions in 0..1) plus per-question ``rows``.
+
+    ``rows`` (one dict per question: question, gold, completion, extracted_strict, extracted_lenient,
+    correct_strict, correct_lenient, in_format, completion_tokens, and maj fields with maj@k) is kept out of
+    ``to_dict()`` and written by ``save`` to a sibling ``.jsonl``.
+    """
+
+    accuracy_strict: float
+    accuracy_lenient: float
+    format_rate: float
+    mean_completion_tokens: float
+    n: int
+    seed: int
+    protocol: str
+    label: str = ""
+    maj_k: int = 0
+    maj_accuracy_strict: float | None = None
+    maj_accuracy_lenient: float | None = None
+    seconds: float = 0.0
+    rows: tuple[dict, ...] = field(default=(), repr=False, compare=False)
+
+    def to_dict(self) -> dict:
+        """Metrics and protocol as a JSON-ready dict (no rows)."""
+        out = asdict(self)
+        out.pop("rows")
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write metrics+protocol JSON to ``path`` and the rows to ``path`` with suffix ``.jsonl``. Returns ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
+        with rows_path(path).open("w", encoding="utf-8") as handle:
+            for row in self.rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> EvalResult:
+        """Read a result written by ``save`` (rows too, when the ``.jsonl`` is there)."""
+        path = Path(path)
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows_file = rows_path(path)
+        rows = tuple(json.loads(line) for line in rows_file.read_text(encoding="utf-8").splitlines() if line.strip()) if rows_file.is_file() else ()
+        return cls(**data, rows=rows)
+
+    def summary(self) -> str:
+        """One line: ``strict 3.0 % | lenient 12.0 % | format 40.0 % | 88 tokens | n=100``."""
+        maj = ""
+        if self.maj_k:
+            maj = f" | maj@{self.maj_k} strict {100 * self.maj_accuracy_strict:.1f} % lenient {100 * self.maj_accuracy_lenient:.1f} %"
+        return (
+            f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | "
+            f"format {100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}{maj}"
+        )
+
+
+def rows_path(path: str | os.PathLike) -> Path:
+    """Where ``EvalResult.save(path)`` puts the rows: ``eval.json`` -> ``eval.jsonl``."""
+    return Path(path).with_suffix(".jsonl")
+
+
+# ----------------------------------------------------------------------------------------------------- scoring
+
+
+def score_completion(completion: str, gold: str, prefill: str = "") -> dict:
+    """Score one completion under both protocols; the prefill is part of the answer text.
+
+    >>> s = score_completion("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
+    >>> s["correct_strict"], s["correct_lenient"], s["in_format"]
+    (True, True, True)
+    >>> score_completion("so the answer is 7.", "7")["correct_strict"]
+    False
+    """
+    from grpo_kit.rewards import REWARDS
+
+    text = prefill + completion
+    strict, lenient = extract_tagged_answer(text), extract_last_number(text)
+    return {
+        "extracted_strict": strict,
+        "extracted_lenient": lenient,
+        "correct_strict": answers_match(strict, gold),
+        "correct_lenient": answers_match(lenient, gold),
+        "in_format": REWARDS["format"]([completion], prefill=[prefill])[0] > 0,
+    }
+
+
+def majority_vote(answers: Sequence[str | None]) -> str | None:
+    """Most common normalized number among ``answers`` (None and unreadable ones ignored; ties: first seen).
+
+    >>> majority_vote(["$1,000", "7", "1000.0", None])
+    '1000'
+    >>> majority_vote([None, "x"]) is None
+    True
+    """
+    numbers = [n for n in (normalize_number(a) if a is not None else None for a in answers) if n is not None]
+    if not numbers:
+        return None
+    counts = Counter(numbers)
+    best = max(counts.values())
+    return next(n for n in numbers if counts[n] == best)
+
+
+def describe_protocol(
+    *, data: str, n: int, seed: int, few_shot: int, prefill: str, max_new_tokens: int, maj_k: int
+) -> str:
+    """The sentence stored next to every number: data, prompt, decoding, extraction."""
+    text = (
+        f"{data}, n={n} (seed {seed}); chat prompt: grpo_kit.data.SYSTEM_PROMPT, few_shot={few_shot}, "
+        f"prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; "
+        "strict = number inside the last <answer></answer>, lenient = last number in the text, "
+        "both normalized and compared exactly (grpo_kit.answers)"
+    )
+    if maj_k:
+        text += f"; maj@{maj_k}: {maj_k} samples at temperature {MAJ_TEMPERATURE}, majority over normalized numbers"
+    return text
+
+
+def summarize(rows: Sequence[dict], *, maj_k: int = 0) -> dict:
+    """Aggregate metrics from per-question rows (fractions in 0..1).
+
+    >>> summarize([{"correct_strict": True, "correct_lenient": True, "in_format": True, "completion_tokens": 10},
+    ...            {"correct_strict": False, "correct_lenient": True, "in_format": False, "completion_tokens": 30}])
+    {'accuracy_strict': 0.5, 'accuracy_lenient': 1.0, 'format_rate': 0.5, 'mean_completion_tokens': 20.0}
+    """
+    n = max(len(rows), 1)
+    out = {
+        "accuracy_strict": sum(r["correct_strict"] for r in rows) / n,
+        "accuracy_lenient": sum(r["correct_lenient"] for r in rows) / n,
+        "format_rate": sum(r["in_format"] for r in rows) / n,
+        "mean_completion_tokens": sum(r["completion_tokens"] for r in rows) / n,
+    }
+    if maj_k:
+        out["maj_accuracy_strict"] = sum(r["maj_correct_strict"] for r in rows) / n
+        out["maj_accuracy_lenient"] = sum(r["maj_correct_lenient"] for r in rows) / n
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------- generation
+
+
+def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "") -> list[str]:
+    """Prompt strings as training renders them: system + few-shot turns + question, generation prompt, prefill."""
+    from grpo_kit.data import build_messages, render_prompt
+
+    return [render_prompt(build_messages(q, few_shot=few_shot), tokenizer, prefill) for q in questions]
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """End-of-turn ids: the generation config's eos id(s) plus the tokenizer's eos id."""
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (config_eos, tokenizer.eos_token_id):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and token not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def generate_hf(
+    model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
+    num_samples: int = 1, temperature: float | None = None, progress: bool = True, desc: str = "generating",
+) -> list[list[tuple[str, int]]]:
+    """Batched ``generate`` with left padding: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
+
+    Greedy when ``temperature`` is None. ``n_tokens`` counts generated tokens up to and including the first stop
+    token (padding excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    stops = stop_token_ids(model, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature else {"do_sample": False}
+    device = next(model.parameters()).device
+    results: list[list[tuple[str, int]]] = []
+    old_side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
+            batch = list(prompts[start : start + batch_size])
+            inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
+            with torch.no_grad():
+                out = model.generate(
+                    **inputs, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
+                    eos_token_id=stops, pad_token_id=pad_id, **sampling,
+                )
+            new = out[:, inputs["input_ids"].shape[1] :]
+            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
+            lengths = [_generated_length(row.tolist(), stops) for row in new]
+            for i in range(len(batch)):
+                span = slice(i * num_samples, (i + 1) * num_samples)
+                results.append(list(zip(texts[span], lengths[span], strict=True)))
+    finally:
+        tokenizer.padding_side = old_side
+    return results
+
+
+def _generated_length(ids: list[int], stops: Sequence[int]) -> int:
+    """Tokens up to and including the first stop token.
+
+    >>> _generated_length([5, 6, 2, 2, 2], [2]), _generated_length([5, 6, 7], [2])
+    (3, 3)
+    """
+    for index, token in enumerate(ids):
+        if token in stops:
+            return index + 1
+    return len(ids)
+
+
+def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, temperature: float | None = None,
+                  seed: int = 0, lora_request=None) -> list[list[tuple[str, int]]]:
+    """UNTESTED ON CPU (needs a GPU and vLLM): sample through Unsloth's ``model.fast_generate``.
+
+    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora(path)`` returns.
+    """
+    from vllm import SamplingParams  # lazy: GPU only
+
+    params = SamplingParams(
+        n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed
+    )
+    outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=lora_request, use_tqdm=False)
+    return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
+
+
+def _use_vllm(model) -> bool:
+    import torch
+
+    return torch.cuda.is_available() and hasattr(model, "fast_generate")
+
+
+# ----------------------------------------------------------------------------------------------------- evaluate
+
+
+def evaluate(
+    model,
+    tokenizer,
+    dataset,
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    maj_k: int = 0,
+    few_shot: int = 0,
+    prefill: str = "",
+    seed: int = 0,
+    progress: bool = True,
+    label: str = "",
+    lora_request=None,
+) -> EvalResult:
+    """Greedy pass@1 (and maj@``maj_k`` when > 0) of ``model`` on ``dataset`` (``question``/``answer`` columns).
+
+    ``model`` is a causal LM (a PEFT wrapper is fine); ``tokenizer`` its tokenizer. Scoring follows the module
+    docstring. Takes about 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
+    """
+    import torch
+
+    for column in ("question", "answer"):
+        if column not in dataset.column_names:
+            raise GrpoKitError(f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}.")
+    if len(dataset) == 0:
+        raise GrpoKitError("evaluate got an empty dataset; load some questions first (e.g. load_gsm8k('sample', 'test')).")
+    if maj_k < 0 or max_new_tokens < 1:
+        raise GrpoKitError(f"maj_k must be >= 0 and max_new_tokens >= 1 (got {maj_k}, {max_new_tokens}).")
+    questions, golds = list(dataset["question"]), list(dataset["answer"])
+    prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill)
+    was_training = getattr(model, "training", False)
+    model.eval()
+    started = time.time()
+    torch.manual_seed(seed)
+    if _use_vllm(model):  # GPU + Unsloth fast_inference; untested on CPU
+        greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=lora_request)
+        samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
+                                temperature=MAJ_TEMPERATURE, seed=seed, lora_request=lora_request) if maj_k else None
+    else:
+        greedy = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             progress=progress, desc=f"eval {label}".strip())
+        samples = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(1, batch_size // maj_k),
+                              num_samples=maj_k, temperature=MAJ_TEMPERATURE, progress=progress,
+                              desc=f"maj@{maj_k} {label}".strip()) if maj_k else None
+    if was_training:
+        model.train()
+    rows = []
+    for i, (question, gold) in enumerate(zip(questions, golds, strict=True)):
+        completion, n_tokens = greedy[i][0]
+        row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens}
+        row.update(score_completion(completion, gold, prefill))
+        if maj_k:
+            texts = [prefill + text for text, _ in samples[i]]
+            vote_strict = majority_vote([extract_tagged_answer(t) for t in texts])
+            vote_lenient = majority_vote([extract_last_number(t) for t in texts])
+            row.update(maj_strict=vote_strict, maj_lenient=vote_lenient,
+                       maj_correct_strict=answers_match(vote_strict, gold),
+                       maj_correct_lenient=answers_match(vote_lenient, gold))
+        rows.append(row)
+    info = getattr(dataset, "info", None)
+    data_label = (getattr(info, "description", "") or "GSM8K-format questions") if info else "GSM8K-format questions"
+    protocol = describe_protocol(data=data_label, n=len(rows), seed=seed, few_shot=few_shot, prefill=prefill,
+                                 max_new_tokens=max_new_tokens, maj_k=maj_k)
+    return EvalResult(**summarize(rows, maj_k=maj_k), n=len(rows), seed=seed, protocol=protocol, label=label,
+                      maj_k=maj_k, seconds=round(time.time() - started, 2), rows=tuple(rows))
+
+
+def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset, **kwargs) -> tuple[EvalResult, EvalResult]:
+    """Evaluate the base model and base+adapter on the same questions: ``(base_result, tuned_result)``.
+
+    The model is loaded once with the adapter; "base" runs inside PEFT's ``disable_adapter()``, so both share
+    exactly the same base weights. ``kwargs`` go to ``evaluate``.
+    """
+    from grpo_kit.models import load_inference_model
+
+    model, tokenizer = load_inference_model(model_id, adapter_dir)
+    with model.disable_adapter():
+        base = evaluate(model, tokenizer, dataset, label="base", **kwargs)
+    tuned = evaluate(model, tokenizer, dataset, label="tuned", **kwargs)
+    return base, tuned
+
+
+# ----------------------------------------------------------------------------------------------------- reporting
+
+_COMPARE_ROWS = (
+    ("accuracy (strict)", "accuracy_strict", True),
+    ("accuracy (lenient)", "accuracy_lenient", True),
+    ("format rate", "format_rate", True),
+    ("mean length (tokens)", "mean_completion_tokens", False),
+)
+
+
+def compare(base_result: EvalResult, tuned_result: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
+    """Side-by-side table of two results (percent for rates), with the protocol underneath.
+
+    >>> a = EvalResult(0.0, 0.1, 0.0, 50.0, n=10, seed=0, protocol="p")
+    >>> b = EvalResult(0.2, 0.3, 0.9, 40.0, n=10, seed=0, protocol="p")
+    >>> print(compare(a, b).splitlines()[1])
+    accuracy (strict)          0.0 %      20.0 %    +20.0
+    """
+    lines = [f"{'metric':<22}{names[0]:>10}{names[1]:>12}{'change':>9}"]
+    for title, key, percent in _COMPARE_ROWS:
+        left, right = getattr(base_result, key), getattr(tuned_result, key)
+        if percent:
+            lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
+        else:
+            lines.append(f"{title:<22}{left:>10.1f}{right:>12.1f}{right - left:>+9.1f}")
+    if base_result.maj_k and tuned_result.maj_k:
+        for kind in ("strict", "lenient"):
+            left = getattr(base_result, f"maj_accuracy_{kind}")
+            right = getattr(tuned_result, f"maj_accuracy_{kind}")
+            title = f"maj@{tuned_result.maj_k} ({kind})"
+            lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
+    lines.append(f"n = {base_result.n} / {tuned_result.n}")
+    if base_result.protocol == tuned_result.protocol:
+        lines.append(f"protocol: {base_result.protocol}")
+    else:
+        lines += [f"protocol ({names[0]}): {base_result.protocol}", f"protocol ({names[1]}): {tuned_result.protocol}"]
+    return "\n".join(lines)
+
+
+def plot_before_after(results: Mapping[str, EvalResult], path: str | os.PathLike) -> Path:
+    """Grouped bar chart (strict/lenient accuracy, format rate, in %) of named results, saved as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("strict acc.", "accuracy_strict"), ("lenient acc.", "accuracy_lenient"), ("format rate", "format_rate")]
+    width = 0.8 / max(len(results), 1)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for i, (name, result) in enumerate(results.items()):
+        xs = [m + i * width for m in range(len(metrics))]
+        bars = ax.bar(xs, [100 * getattr(result, key) for _, key in metrics], width, label=name)
+        ax.bar_label(bars, fmt="%.0f", fontsize=8)
+    ax.set_xticks([m + width * (len(results) - 1) / 2 for m in range(len(metrics))], [t for t, _ in metrics])
+    ax.set_ylabel("%")
+    ax.set_ylim(0, 105)
+    first = next(iter(results.values()), None)
+    ax.set_title(f"held-out evaluation (n={first.n if first else 0})")
+    ax.legend()
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+
+
+def load_eval_data(data: str, *, limit: int | None = None, seed: int = 0):
+    """The eval split of ``data``: ``gsm8k`` (Hub test split), ``sample`` (bundled held-out test split) or a file."""
+    from grpo_kit.data import load_gsm8k
+
+    return load_gsm8k(data, split="test", limit=limit, seed=seed)
+
+
+def run_prompt_settings(adapter_dir: str | os.PathLike | None) -> dict[str, Any]:
+    """``few_shot``/``prefill`` the adapter was trained with (from ``<run>/run.json``), else zero-shot, no prefill."""
+    settings: dict[str, Any] = {"few_shot": 0, "prefill": ""}
+    if adapter_dir is None:
+        return settings
+    run_json = Path(adapter_dir).parent / "run.json"
+    if run_json.is_file():
+        try:
+            preset = json.loads(run_json.read_text(encoding="utf-8")).get("preset", {})
+        except (OSError, json.JSONDecodeError):
+            return settings
+        for key in settings:
+            if key in preset:
+                settings[key] = preset[key]
+    return settings
+
+
+def cli_eval(args) -> int:
+    """``grpo-kit eval``: print metrics (and a before/after table with --compare); save JSON with --out."""
+    from grpo_kit.models import load_inference_model
+    from grpo_kit.runtime import set_torch_threads
+
+    set_torch_threads()
+    if args.compare and not args.adapter:
+        raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
+    dataset = load_eval_data(args.data, limit=args.limit, seed=args.seed)
+    settings = run_prompt_settings(args.adapter)
+    options = dict(max_new_tokens=args.max_new_tokens, maj_k=args.maj, seed=args.seed, **settings)
+    print(f"evaluating {args.model}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
+          f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
+    started = time.time()
+    if args.compare:
+        base, tuned = evaluate_before_after(args.model, args.adapter, dataset, **options)
+        print(compare(base, tuned))
+        results = {"base": base, "tuned": tuned}
+    else:
+        model, tokenizer = load_inference_model(args.model, args.adapter)
+        result = evaluate(model, tokenizer, dataset, label="tuned" if args.adapter else "base", **options)
+        print(result.summary())
+        print(f"protocol: {result.protocol}")
+        results = {"result": result}
+    print(f"wall time {time.time() - started:.0f} s")
+    if args.out:
+        out = Path(args.out)
+        for name, result in results.items():
+            target = out if name in {"result", "tuned"} else out.with_name(f"{out.stem}-{name}{out.suffix or '.json'}")
+            print(f"wrote {result.save(target)} (+ {rows_path(target).name})")
+    return 0

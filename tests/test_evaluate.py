@@ -1,0 +1,171 @@
+"""Evaluation: scoring under both protocols, metrics and files, before/after, the CLI. Models are the tiny random Llama."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+import grpo_kit.evaluate as evaluate_module
+from grpo_kit.cli import main
+from grpo_kit.data import load_gsm8k
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote, score_completion
+
+ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",
+            "correct_lenient", "in_format", "completion_tokens"}
+
+
+def make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0):
+    """A LoRA adapter with non-zero random B weights (a fresh LoRA changes nothing), saved with the tokenizer."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, std)
+    peft_model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="module")
+def questions():
+    return load_gsm8k("sample", "test", limit=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from grpo_kit.models import load_inference_model
+
+    return load_inference_model(str(tiny_model_dir))
+
+
+def test_docstring_examples():
+    assert doctest.testmod(evaluate_module).failed == 0
+
+
+def test_strict_and_lenient_protocols_differ_as_documented():
+    tagged = score_completion("<think>5 + 3 = 8</think>\n<answer>$8.00</answer>", "8")
+    assert tagged == {"extracted_strict": "$8.00", "extracted_lenient": "8.00", "correct_strict": True,
+                      "correct_lenient": True, "in_format": True}
+    untagged = score_completion("5 + 3 = 8, so 8 apples.", "8")
+    assert (untagged["correct_strict"], untagged["correct_lenient"], untagged["in_format"]) == (False, True, False)
+    wrong_tag = score_completion("<think>x</think><answer>9</answer> but really 8", "8")
+    assert (wrong_tag["correct_strict"], wrong_tag["correct_lenient"]) == (False, True)
+
+
+def test_prefill_counts_as_part_of_the_answer():
+    completion = "3 + 5 = 8\n</think>\n<answer>8</answer>"
+    assert not score_completion(completion, "8")["in_format"]
+    assert score_completion(completion, "8", prefill="<think>\n")["in_format"]
+
+
+def test_majority_vote_normalizes_numbers():
+    assert majority_vote(["1,000", "$1000", "7", "7.0", "1000.00"]) == "1000"
+    assert majority_vote(["7", "8"]) == "7"  # tie: first seen
+    assert majority_vote([None, None]) is None
+
+
+def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
+    """Scoring wiring without model noise: generation replaced by fixed completions (one right, one wrong, one untagged)."""
+    golds = list(questions["answer"])
+    canned = [f"ok\n</think>\n<answer>{golds[0]}</answer>", "ok\n</think>\n<answer>-1</answer>", f"it is {golds[2]}"]
+    seen = {}
+
+    def fake_generate(model, tokenizer, prompts, **kwargs):
+        seen["prompts"] = prompts
+        return [[(text, 5)] for text in canned]
+
+    monkeypatch.setattr(evaluate_module, "generate_hf", fake_generate)
+    model, tokenizer = tiny
+    result = evaluate(model, tokenizer, questions, prefill="<think>\n", few_shot=1, progress=False)
+    assert all(p.endswith("<|im_start|>assistant\n<think>\n") for p in seen["prompts"])
+    assert seen["prompts"][0].count("<|im_start|>user") == 2  # one worked example + the question
+    assert result.accuracy_strict == pytest.approx(1 / 3)
+    assert result.accuracy_lenient == pytest.approx(2 / 3)
+    assert result.format_rate == pytest.approx(2 / 3)
+    assert result.mean_completion_tokens == 5
+    assert "few_shot=1" in result.protocol and "'<think>\\n'" in result.protocol
+
+
+def test_evaluate_rejects_bad_input(tiny, questions):
+    model, tokenizer = tiny
+    with pytest.raises(GrpoKitError, match="'answer'"):
+        evaluate(model, tokenizer, questions.remove_columns("answer"), progress=False)
+
+
+def test_save_and_load_round_trip(tmp_path):
+    rows = ({"question": "q", "gold": "1", "completion": "1", "correct_strict": False},)
+    result = EvalResult(0.0, 1.0, 0.0, 1.0, n=1, seed=3, protocol="p", rows=rows)
+    path = result.save(tmp_path / "out" / "eval.json")
+    data = json.loads(path.read_text())
+    assert data["accuracy_lenient"] == 1.0 and data["protocol"] == "p" and "rows" not in data
+    assert (tmp_path / "out" / "eval.jsonl").read_text().count("\n") == 1
+    assert EvalResult.load(path) == result and EvalResult.load(path).rows == rows
+
+
+def test_compare_table_shows_both_protocols():
+    base = EvalResult(0.02, 0.10, 0.0, 120.0, n=50, seed=0, protocol="same")
+    tuned = EvalResult(0.08, 0.12, 0.9, 60.0, n=50, seed=0, protocol="same")
+    table = compare(base, tuned)
+    assert "accuracy (strict)          2.0 %       8.0 %     +6.0" in table
+    assert "accuracy (lenient)        10.0 %      12.0 %     +2.0" in table
+    assert "format rate                0.0 %      90.0 %    +90.0" in table
+    assert "protocol: same" in table
+
+
+@pytest.mark.slow
+def test_evaluate_tiny_model_returns_well_formed_metrics(tiny, questions):
+    model, tokenizer = tiny
+    result = evaluate(model, tokenizer, questions, max_new_tokens=6, batch_size=2, maj_k=2, progress=False)
+    assert result.n == 3 and len(result.rows) == 3
+    for key in ("accuracy_strict", "accuracy_lenient", "format_rate", "maj_accuracy_strict", "maj_accuracy_lenient"):
+        assert 0.0 <= getattr(result, key) <= 1.0
+    assert 1 <= result.mean_completion_tokens <= 6
+    for row, gold in zip(result.rows, questions["answer"], strict=True):
+        assert ROW_KEYS <= set(row) and row["gold"] == gold and 1 <= row["completion_tokens"] <= 6
+    assert "strict" in result.protocol and "lenient" in result.protocol and "maj@2" in result.protocol
+    again = evaluate(model, tokenizer, questions, max_new_tokens=6, batch_size=3, progress=False)
+    assert [r["completion"] for r in again.rows] == [r["completion"] for r in result.rows]  # greedy, batch-independent
+
+
+@pytest.mark.slow
+def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", std=0.5)
+    base, tuned = evaluate_before_after(str(tiny_model_dir), adapter, questions, max_new_tokens=8, progress=False)
+    assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
+    assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
+    assert [r["completion"] for r in base.rows] != [r["completion"] for r in tuned.rows]
+    path = evaluate_module.plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
+    assert path.stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_cli_eval_writes_json_and_rows(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--model", str(tiny_model_dir), "--data", "sample", "--limit", "2", "--max-new-tokens", "4",
+                 "--out", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "strict" in printed and "lenient" in printed and "protocol:" in printed
+    data = json.loads(out.read_text())
+    assert data["n"] == 2 and data["seed"] == 0
+    assert len(out.with_suffix(".jsonl").read_text().splitlines()) == 2
+
+
+@pytest.mark.slow
+def test_cli_eval_compare(tiny_model_dir, tmp_path, capsys):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter), "--compare", "--data", "sample",
+                 "--limit", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    assert "accuracy (strict)" in capsys.readouterr().out
+    assert out.is_file() and (tmp_path / "eval-base.json").is_file()
+    assert main(["eval", "--model", str(tiny_model_dir), "--compare", "--data", "sample"]) == 2
