@@ -325,3 +325,55 @@ class _SingleProcess:
     @staticmethod
     def reduce(tensor, reduction="sum"):
         return tensor
+
+
+# ------------------------------------------------------------------------------------------------ pictures
+
+
+def plot_advantages(rewards, num_generations: int, *, ax=None, show: bool = True):
+    """Bars of each completion's reward and advantage, grouped by prompt (groups shaded). Returns the Axes."""
+    import matplotlib.pyplot as plt
+
+    advantages = group_advantages(rewards, num_generations)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3))
+    xs = list(range(rewards.numel()))
+    ax.bar([x - 0.2 for x in xs], rewards.tolist(), width=0.4, label="reward")
+    ax.bar([x + 0.2 for x in xs], advantages.tolist(), width=0.4, label="advantage")
+    for group in range(0, rewards.numel(), 2 * num_generations):
+        ax.axvspan(group - 0.5, group + num_generations - 0.5, color="grey", alpha=0.12)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(xs, [f"p{x // num_generations}g{x % num_generations}" for x in xs], fontsize=8)
+    ax.set(title=f"Rewards and group-relative advantages (G={num_generations})", xlabel="prompt p, completion g")
+    ax.legend(fontsize=8)
+    if show:
+        plt.tight_layout()
+        plt.show()
+    return ax
+
+
+def plot_token_weights(mask, max_completion_length: int, *, loss_types=LOSS_TYPES, show: bool = True):
+    """One heat map per loss type of ``token_weights``: how hard each token is pushed. Returns the Figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(
+        1, len(loss_types), figsize=(3.0 * len(loss_types), 0.5 * mask.size(0) + 1.8), squeeze=False,
+        constrained_layout=True,
+    )
+    weights = {name: token_weights(mask, name, max_completion_length) for name in loss_types}
+    top = max(float(w.max()) for w in weights.values())
+    for index, (ax, name) in enumerate(zip(axes[0], loss_types, strict=True)):
+        image = ax.imshow(weights[name].numpy(), vmin=0, vmax=top, cmap="Blues", aspect="auto")
+        for (row, col), value in np.ndenumerate(weights[name].numpy()):
+            text = f"{value:.3g}" if mask[row, col] else "pad"
+            ax.text(col, row, text, ha="center", va="center", fontsize=8, color="black" if value < top / 2 else "white")
+        ax.set_xticks(range(mask.size(1)))
+        ax.set_yticks(range(mask.size(0)))
+        ax.set(title=name, xlabel="token")
+        if index == 0:
+            ax.set_ylabel("completion")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="gradient weight per token")
+    if show:
+        plt.show()
+    return fig

@@ -151,3 +151,18 @@ def test_grpo_loss_matches_trl_compute_loss(loss_type, beta):
 def test_trl_loss_fails_loudly_when_inputs_are_missing():
     with pytest.raises(GrpoKitError, match="_compute_loss"):
         trl_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), beta=0.1, ref_logps=None)
+
+
+def test_pictures_draw_without_a_display():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from grpo_kit.teaching import plot_advantages, plot_token_weights
+
+    ax = plot_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), num_generations=2, show=False)
+    assert [len(bars) for bars in ax.containers] == [4, 4]  # a reward bar and an advantage bar per completion
+    fig = plot_token_weights(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), max_completion_length=2, show=False)
+    assert [ax.get_title() for ax in fig.axes[: len(LOSS_TYPES)]] == list(LOSS_TYPES)
+    plt.close("all")

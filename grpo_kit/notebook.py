@@ -1,0 +1,718 @@
+"""Notebook-session helpers: the shared run folder, the smoke switch, and "load what the previous notebook made".
+
+The five notebooks in ``notebooks/`` form one path (setup → GRPO explained → train → evaluate → export), yet each
+one must also run on its own, top to bottom, on a fresh Colab runtime or in CI. ``NotebookSession.open()`` gives
+every notebook the same answers to the same questions:
+
+- **which preset?** the one notebook 01 saved to ``session.json``, else ``auto_preset()`` for this machine; in
+  smoke mode always ``cpu``;
+- **how big a run?** ``RunSizes``: the preset's steps and a real evaluation, or, in smoke mode, 2 training steps,
+  4 evaluation questions and short generations (the narrative stays the same, only the numbers shrink);
+- **where do files go?** ``NotebookPaths``: one folder per preset under the session root, which is
+  ``runs/notebook`` in the project, or ``MyDrive/grpo-kit/notebook`` on Colab once Drive is mounted (so a
+  disconnected runtime loses nothing).
+
+``ensure_trained_run(session)`` returns the finished adapter, resuming or training the session's recipe when it is
+missing, so notebooks 04 and 05 work even when 03 was never run.
+
+Smoke mode is on when ``GRPO_KIT_SMOKE=1`` (``runtime.smoke_mode()``, what CI sets) and also, unless
+``GRPO_KIT_SMOKE=0`` says otherwise, when there is no GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_kit.errors import GrpoKitError
+
+#: Where the repository lives (Colab badges point here).
+GITHUB_REPO = "grpo-kit/grpo-kit"
+GITHUB_BRANCH = "main"
+#: The notebooks, in reading order.
+NOTEBOOKS = (
+    "01_setup.ipynb",
+    "02_grpo_explained.ipynb",
+    "03_train.ipynb",
+    "04_evaluate.ipynb",
+    "05_export.ipynb",
+)
+COLAB_BADGE_IMAGE = "https://colab.research.google.com/assets/colab-badge.svg"
+
+#: Environment variable that moves the session root (e.g. to a scratch disk).
+ROOT_ENV = "GRPO_KIT_NOTEBOOK_DIR"
+#: The session root inside a project checkout, and on a mounted Google Drive.
+LOCAL_SUBDIR = Path("runs") / "notebook"
+DRIVE_MOUNT = Path("/content/drive")
+DRIVE_SUBDIR = Path("MyDrive") / "grpo-kit" / "notebook"
+SESSION_FILE = "session.json"
+
+#: Smoke mode: enough to exercise every cell, small enough for a 2-core CI machine.
+SMOKE_STEPS = 2
+SMOKE_EVAL_QUESTIONS = 4
+SMOKE_NEW_TOKENS = 32
+#: Smoke mode also shrinks each step (cpu preset: 8 completions of 48 tokens -> 4 of 16), keeping the recipe's shape.
+SMOKE_OVERRIDES = {"num_generations": 4, "per_device_train_batch_size": 4, "max_completion_length": 16}
+#: Full runs: held-out questions evaluated before/after on the CPU (bundled sample) and on a GPU (GSM8K test).
+CPU_EVAL_QUESTIONS = 22
+GPU_EVAL_QUESTIONS = 200
+CPU_NEW_TOKENS = 64
+
+
+# ------------------------------------------------------------------------------------------------ Colab
+
+
+def colab_badge_url(notebook: str, repo: str = GITHUB_REPO, branch: str = GITHUB_BRANCH) -> str:
+    """The URL that opens ``notebooks/<notebook>`` of the GitHub repo in Colab.
+
+    >>> colab_badge_url("01_setup.ipynb")
+    'https://colab.research.google.com/github/grpo-kit/grpo-kit/blob/main/notebooks/01_setup.ipynb'
+    """
+    return f"https://colab.research.google.com/github/{repo}/blob/{branch}/notebooks/{notebook}"
+
+
+def colab_badge_markdown(notebook: str) -> str:
+    """The "Open in Colab" badge as markdown, for the first cell of each notebook.
+
+    >>> colab_badge_markdown("03_train.ipynb").startswith("[![Open In Colab](")
+    True
+    """
+    return f"[![Open In Colab]({COLAB_BADGE_IMAGE})]({colab_badge_url(notebook)})"
+
+
+def mount_drive_if_colab(mount: str | os.PathLike = DRIVE_MOUNT) -> Path | None:
+    """On Colab, mount Google Drive (Colab asks for permission once) and return the session root on it; else None."""
+    from grpo_kit.runtime import in_colab
+
+    if not in_colab():
+        return None
+    from google.colab import drive  # only importable on Colab
+
+    drive.mount(str(mount))
+    root = Path(mount) / DRIVE_SUBDIR
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ paths
+
+
+def find_project_root(start: str | os.PathLike | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (default: the working directory) holding a grpo-kit checkout.
+
+    Notebooks run with ``notebooks/`` as their working directory; their runs belong in the checkout's ``runs/``.
+    """
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "grpo_kit").is_dir():
+            return folder
+    return None
+
+
+def drive_root(mount: str | os.PathLike = DRIVE_MOUNT) -> Path | None:
+    """The session root on Google Drive when Drive is mounted at ``mount``, else None."""
+    if (Path(mount) / "MyDrive").is_dir():
+        return Path(mount) / DRIVE_SUBDIR
+    return None
+
+
+def local_root(start: str | os.PathLike | None = None) -> Path:
+    """``$GRPO_KIT_NOTEBOOK_DIR``, else ``<checkout or start or cwd>/runs/notebook`` (never on Google Drive)."""
+    env = os.environ.get(ROOT_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    base = find_project_root(start) or Path(start or Path.cwd()).resolve()
+    return base / LOCAL_SUBDIR
+
+
+def default_root(start: str | os.PathLike | None = None, mount: str | os.PathLike = DRIVE_MOUNT) -> Path:
+    """``$GRPO_KIT_NOTEBOOK_DIR``, else the Drive root when Drive is mounted, else ``local_root(start)``."""
+    if os.environ.get(ROOT_ENV):
+        return local_root(start)
+    return drive_root(mount) or local_root(start)
+
+
+@dataclass(frozen=True)
+class NotebookPaths:
+    """Where a session keeps its files; one folder per preset so runs of different recipes never mix.
+
+    ``run_dir``: the training run folder (layout in docs/DESIGN.md); ``eval_dir``: ``before.json``/``after.json``
+    and the bar chart; both under ``root`` (on Drive when mounted). ``export_dir`` is always on the local disk
+    (merged models are large); ``drive_export_dir`` is where notebook 05 copies them when ``root`` is on Drive.
+    """
+
+    root: Path
+    run_dir: Path
+    eval_dir: Path
+    export_dir: Path
+    drive_export_dir: Path | None = None
+
+    @property
+    def on_drive(self) -> bool:
+        return self.drive_export_dir is not None
+
+
+def session_paths(
+    preset_name: str, root: str | os.PathLike | None = None, *, local: str | os.PathLike | None = None
+) -> NotebookPaths:
+    """The paths for ``preset_name`` under ``root`` (default ``default_root()``); exports under ``local``.
+
+    ``local`` defaults to ``root`` unless ``root`` is on the mounted Drive, then to ``local_root()``.
+
+    >>> p = session_paths("cpu", root="/tmp/nb")
+    >>> p.run_dir.as_posix(), p.eval_dir.as_posix(), p.export_dir.as_posix(), p.on_drive
+    ('/tmp/nb/cpu/train', '/tmp/nb/cpu/eval', '/tmp/nb/cpu/exports', False)
+    """
+    base = Path(root) if root is not None else default_root()
+    on_drive = _is_under(base, DRIVE_MOUNT)
+    if local is None:
+        local = local_root() if on_drive else base
+    folder = base / preset_name
+    return NotebookPaths(
+        root=base,
+        run_dir=folder / "train",
+        eval_dir=folder / "eval",
+        export_dir=Path(local) / preset_name / "exports",
+        drive_export_dir=folder / "exports" if on_drive else None,
+    )
+
+
+def _is_under(path: Path, parent: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(Path(parent).resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def copy_to_drive(folder: str | os.PathLike, paths: NotebookPaths, *, include=None) -> Path | None:
+    """Copy an export folder to ``paths.drive_export_dir``; None when the session is not on Drive.
+
+    ``include``: names of the entries of ``folder`` to copy (default: all). The copy is assembled next to the target
+    and renamed into place; an older copy of the same name is renamed aside (``<name>.old-<time>``), never deleted.
+    """
+    if paths.drive_export_dir is None:
+        return None
+    folder = Path(folder)
+    target = paths.drive_export_dir / folder.name
+    staging = target.with_name(f".{target.name}.copying")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for entry in sorted(folder.iterdir()):
+        if include is not None and entry.name not in include:
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, staging / entry.name)
+        else:
+            shutil.copy2(entry, staging / entry.name)
+    if target.exists():
+        set_aside(target)
+    os.rename(staging, target)
+    return target
+
+
+def save_choice(root: str | os.PathLike, preset_name: str, overrides: dict | None = None) -> Path:
+    """Remember the preset chosen in notebook 01 (``session.json`` in ``root``) for the later notebooks."""
+    path = Path(root) / SESSION_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"preset": preset_name, "overrides": overrides or {}}, indent=2) + "\n")
+    return path
+
+
+def load_choice(root: str | os.PathLike) -> dict | None:
+    """The ``{"preset": ..., "overrides": {...}}`` saved by ``save_choice``, or None (missing or unreadable)."""
+    path = Path(root) / SESSION_FILE
+    try:
+        choice = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(choice, dict) or not isinstance(choice.get("preset"), str):
+        return None
+    choice.setdefault("overrides", {})
+    return choice
+
+
+# ------------------------------------------------------------------------------------------------ smoke switch
+
+
+def smoke_decision(device) -> tuple[bool, str]:
+    """Whether to run in smoke mode on ``device`` (a ``runtime.DeviceInfo``), and why, in one line.
+
+    ``GRPO_KIT_SMOKE=1`` turns it on, ``GRPO_KIT_SMOKE=0`` turns it off; unset, it is on exactly when there is no GPU.
+    """
+    from grpo_kit.runtime import smoke_mode
+
+    raw = os.environ.get("GRPO_KIT_SMOKE", "").strip()
+    if smoke_mode():
+        return True, "GRPO_KIT_SMOKE=1: the cpu preset with tiny step counts (how CI runs the notebooks)"
+    if raw:
+        return False, f"GRPO_KIT_SMOKE={raw}: full-size run"
+    if device.kind != "cuda":
+        return True, "no GPU found, so smoke mode: tiny step counts (set GRPO_KIT_SMOKE=0 to train the full cpu recipe)"
+    return False, f"GPU found ({device.name}): full-size run"
+
+
+@dataclass(frozen=True)
+class RunSizes:
+    """How much work each notebook does: training steps, held-out questions, generation length, data sources."""
+
+    max_steps: int
+    eval_questions: int
+    max_new_tokens: int
+    train_data: str
+    eval_data: str
+
+
+def run_sizes(preset, *, smoke: bool, on_gpu: bool) -> RunSizes:
+    """Smoke: 2 steps, 4 questions, 32 new tokens, bundled sample. CPU: the preset's steps on the sample. GPU: GSM8K.
+
+    >>> from grpo_kit.presets import get_preset
+    >>> run_sizes(get_preset("cpu"), smoke=True, on_gpu=False)
+    RunSizes(max_steps=2, eval_questions=4, max_new_tokens=32, train_data='sample', eval_data='sample')
+    """
+    if smoke:
+        return RunSizes(SMOKE_STEPS, SMOKE_EVAL_QUESTIONS, min(SMOKE_NEW_TOKENS, preset.max_completion_length),
+                        "sample", "sample")
+    if not on_gpu:
+        return RunSizes(preset.max_steps, CPU_EVAL_QUESTIONS, CPU_NEW_TOKENS, "sample", "sample")
+    return RunSizes(preset.max_steps, GPU_EVAL_QUESTIONS, preset.max_completion_length, "gsm8k", "gsm8k")
+
+
+# ------------------------------------------------------------------------------------------------ session
+
+
+@dataclass(frozen=True)
+class NotebookSession:
+    """Everything a notebook needs to know about this run; build it with ``NotebookSession.open()``."""
+
+    preset: object  # grpo_kit.presets.Preset (kept untyped so importing this module stays light)
+    reason: str
+    smoke: bool
+    smoke_reason: str
+    device: object  # grpo_kit.runtime.DeviceInfo
+    paths: NotebookPaths
+    sizes: RunSizes
+
+    @classmethod
+    def open(
+        cls,
+        preset: str | None = None,
+        *,
+        root: str | os.PathLike | None = None,
+        smoke: bool | None = None,
+        device=None,
+        **overrides,
+    ) -> NotebookSession:
+        """Resolve preset, smoke mode and paths. ``preset``: a name, or None for the saved choice / ``auto``.
+
+        Order: smoke mode forces ``cpu``; else an explicit ``preset``; else the one saved by notebook 01; else
+        ``auto_preset()``. ``overrides`` are preset fields (``get_preset(name, **overrides)``); in smoke mode
+        ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step.
+        """
+        from grpo_kit.planner import check_fits
+        from grpo_kit.presets import auto_preset, get_preset
+        from grpo_kit.runtime import detect_device
+
+        device = device or detect_device()
+        if smoke is None:
+            smoke, smoke_reason = smoke_decision(device)
+        else:
+            smoke_reason = "smoke mode set by the caller" if smoke else "full-size run set by the caller"
+        base = Path(root) if root is not None else default_root()
+        saved = load_choice(base)
+        if smoke:
+            name, reason = "cpu", "smoke mode always uses the cpu preset"
+        elif preset and preset != "auto":
+            name, reason = preset, "chosen by name"
+        elif saved and preset != "auto":
+            name, reason = saved["preset"], f"chosen in notebook 01 (saved in {base / SESSION_FILE})"
+            overrides = {**saved["overrides"], **overrides}
+        else:
+            chosen, reason = auto_preset(device)
+            name = chosen.name
+            if chosen != get_preset(name):  # auto_preset adapted the tier (fallback model, fp16)
+                overrides = {**_differences(get_preset(name), chosen), **overrides}
+        sizes_preset = get_preset(name, **overrides)
+        sizes = run_sizes(sizes_preset, smoke=smoke, on_gpu=device.kind == "cuda")
+        if smoke:
+            overrides = {**overrides, **SMOKE_OVERRIDES, "max_steps": sizes.max_steps, "save_steps": sizes.max_steps}
+        chosen_preset = get_preset(name, **overrides)
+        warning = check_fits(chosen_preset, device)
+        if warning and "Warning:" not in reason:  # e.g. a preset saved on a bigger GPU, reopened on a smaller one
+            reason += f". Warning: {warning}"
+        return cls(
+            preset=chosen_preset,
+            reason=reason,
+            smoke=smoke,
+            smoke_reason=smoke_reason,
+            device=device,
+            paths=session_paths(name, base),
+            sizes=sizes,
+        )
+
+    def summary(self) -> str:
+        """A few lines to print at the top of a notebook: machine, preset and why, sizes, folders."""
+        p, s = self.preset, self.sizes
+        gpu = f"{self.device.name} ({self.device.vram_gb:.1f} GiB)" if self.device.kind == "cuda" else "no GPU (CPU)"
+        lines = [
+            f"device : {gpu}",
+            f"preset : {p.name} - {self.reason}",
+            f"model  : {p.model}",
+            f"mode   : {'SMOKE' if self.smoke else 'full'} - {self.smoke_reason}",
+            f"sizes  : {s.max_steps} training steps on '{s.train_data}', G={p.num_generations}, "
+            f"{s.eval_questions} held-out questions on '{s.eval_data}', {s.max_new_tokens} new tokens",
+            f"folder : {self.paths.root / p.name}" + ("  (Google Drive)" if self.paths.on_drive else ""),
+        ]
+        return "\n".join(lines)
+
+    def save_choice(self) -> Path | None:
+        """Save this preset (and its differences from the named preset) for the next notebooks.
+
+        Smoke sessions save nothing: their choice is forced, and must not leak into a later full-size session.
+        """
+        from grpo_kit.presets import get_preset
+
+        if self.smoke:
+            return None
+        return save_choice(self.paths.root, self.preset.name, _differences(get_preset(self.preset.name), self.preset))
+
+
+def _differences(base, changed) -> dict:
+    """Fields of ``changed`` that differ from ``base`` (two presets), JSON-ready."""
+    out = {}
+    for field in dataclasses.fields(base):
+        new = getattr(changed, field.name)
+        if new != getattr(base, field.name):
+            out[field.name] = list(new) if isinstance(new, tuple) else new
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+
+def run_status(run_dir: str | os.PathLike, max_steps: int) -> str:
+    """``"new"`` (nothing to continue), ``"partial"`` (a checkpoint below ``max_steps``), or ``"done"``.
+
+    Done means the final ``adapter/`` exists and the latest complete checkpoint reached ``max_steps``.
+    """
+    from grpo_kit.train import latest_checkpoint
+
+    run_dir = Path(run_dir)
+    checkpoint = latest_checkpoint(run_dir)
+    step = int(checkpoint.name.split("-", 1)[1]) if checkpoint else 0
+    if (run_dir / "adapter" / "adapter_config.json").is_file() and step >= max_steps:
+        return "done"
+    return "partial" if checkpoint else "new"
+
+
+def load_finished_run(run_dir: str | os.PathLike):
+    """A ``TrainResult`` for a run folder trained earlier (e.g. by notebook 03), read from its files.
+
+    ``seconds`` is the sum of the logged step times (0.0 when none were logged).
+    """
+    from grpo_kit.train import TrainResult, latest_checkpoint, read_metrics, reward_first_last
+
+    run_dir = Path(run_dir)
+    adapter = run_dir / "adapter"
+    if not (adapter / "adapter_config.json").is_file():
+        raise GrpoKitError(f"{run_dir} has no finished adapter. Run notebook 03 (or ensure_trained_run) first.")
+    history = read_metrics(run_dir / "metrics.jsonl")
+    checkpoint = latest_checkpoint(run_dir)
+    steps = int(checkpoint.name.split("-", 1)[1]) if checkpoint else max((r.get("step", 0) for r in history), default=0)
+    first, last = reward_first_last(history)
+    seconds = sum(r["step_time"] for r in history if isinstance(r.get("step_time"), (int, float)))
+    return TrainResult(
+        run_dir=run_dir,
+        adapter_dir=adapter,
+        metrics_path=run_dir / "metrics.jsonl",
+        steps=steps,
+        seconds=float(seconds),
+        reward_first=first,
+        reward_last=last,
+        history=history,
+    )
+
+
+def set_aside(folder: str | os.PathLike) -> Path | None:
+    """Rename ``folder`` to ``<folder>.old-<timestamp>`` (never deletes anything); returns the new path or None."""
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    target = folder.with_name(f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
+    suffix = 1
+    while target.exists():
+        target = folder.with_name(f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}")
+        suffix += 1
+    os.rename(folder, target)
+    return target
+
+
+def train_session(session: NotebookSession, *, restart: bool = False, callbacks: tuple = ()):
+    """Train the session's recipe into ``session.paths.run_dir``; returns a ``TrainResult``.
+
+    - a finished run (``run_status == "done"``) is loaded, not retrained;
+    - a run with a checkpoint is resumed from its latest complete checkpoint (e.g. after a Colab disconnect);
+    - ``restart=True`` moves the old run folder aside (``train.old-<time>``) and starts over.
+    """
+    from grpo_kit.train import train
+
+    run_dir = session.paths.run_dir
+    if restart:
+        set_aside(run_dir)
+    status = run_status(run_dir, session.sizes.max_steps)
+    if status == "done":
+        return load_finished_run(run_dir)
+    if status == "new" and run_dir.exists() and any(run_dir.iterdir()):
+        set_aside(run_dir)  # files but no checkpoint: a run that died before its first save; keep it for inspection
+    return train(
+        session.preset,
+        data=session.sizes.train_data,
+        max_steps=session.sizes.max_steps,
+        output_dir=run_dir,
+        resume=status == "partial",
+        callbacks=callbacks,
+    )
+
+
+def ensure_trained_run(session: NotebookSession) -> Path:
+    """The finished adapter of the session's run: made by notebook 03, else resumed or trained now."""
+    if run_status(session.paths.run_dir, session.sizes.max_steps) != "done":
+        print(f"No finished run in {session.paths.run_dir}: training the '{session.preset.name}' recipe now.")
+    return Path(train_session(session).adapter_dir)
+
+
+# ------------------------------------------------------------------------------------------------ data and rewards
+
+#: A question written for this kit, and hand-written completions from useless to perfect, to show what each reward
+#: pays for. They continue a ``<think>\n`` prefill (the rewards add the prefill back before scoring).
+EXAMPLE_QUESTION = "Mia buys 4 packs of 6 stickers and gives 5 stickers away. How many stickers does she have left?"
+EXAMPLE_GOLD = "19"
+EXAMPLE_COMPLETIONS = (
+    ("no tags, right number", "Mia has 4 * 6 = 24 stickers, then 24 - 5 = 19 are left."),
+    ("closes think, no answer tags", "4 * 6 = 24 stickers. 24 - 5 = 19.\n</think>\nShe has 19 stickers left."),
+    ("full format, wrong number", "4 * 6 = 24 stickers. 24 - 5 = 18.\n</think>\n<answer>18</answer>"),
+    ("full format, right number", "4 * 6 = 24 stickers. 24 - 5 = 19.\n</think>\n<answer>19</answer>"),
+)
+
+
+def score_examples(names, prefill: str = "<think>\n", examples=EXAMPLE_COMPLETIONS, gold: str = EXAMPLE_GOLD):
+    """A ``pandas.DataFrame``: one row per example completion, one column per reward in ``names``, plus the total.
+
+    The total is the weighted sum GRPO sees when ``names`` are ``(name, weight)`` pairs (a preset's ``rewards``).
+    """
+    import pandas as pd
+
+    from grpo_kit.rewards import score_completions
+
+    pairs = [(n, 1.0) if isinstance(n, str) else (str(n[0]), float(n[1])) for n in names]
+    scores = score_completions([text for _, text in examples], gold, [n for n, _ in pairs], prefill)
+    rows = []
+    for (label, _), row in zip(examples, scores, strict=True):
+        out = {"completion": label}
+        out.update({name: row[name] for name, _ in pairs})
+        out["weighted total"] = round(sum(row[name] * weight for name, weight in pairs), 4)
+        rows.append(out)
+    return pd.DataFrame(rows).set_index("completion")
+
+
+def preview_prompt(preset, *, data: str = "sample", index: int = 0) -> str:
+    """The exact text the model is given for one training question: chat template, few-shot turns and prefill."""
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.models import load_tokenizer, resolve_model_id
+
+    tokenizer = load_tokenizer(resolve_model_id(preset.model))
+    rows = load_gsm8k(data, split="train", limit=index + 1, seed=preset.seed)
+    formatted, _ = format_for_grpo(rows, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill)
+    prompt = formatted[index]["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+
+
+def eval_questions(session: NotebookSession):
+    """The held-out questions of this session: the ``test`` split of ``sizes.eval_data``, a seeded sample."""
+    from grpo_kit.data import load_gsm8k
+
+    return load_gsm8k(session.sizes.eval_data, split="test", limit=session.sizes.eval_questions, seed=0)
+
+
+def evaluate_session(session: NotebookSession, adapter_dir: str | os.PathLike, *, progress: bool = True):
+    """Base model vs base + adapter on the session's held-out questions; saves and returns ``(before, after)``.
+
+    Prompts are built as in training (the preset's ``few_shot`` and ``prefill``), decoding is greedy. Results go to
+    ``eval_dir/before.json`` and ``eval_dir/after.json`` (plus ``.jsonl`` rows), where notebook 05 finds them.
+    """
+    from grpo_kit.evaluate import evaluate_before_after
+
+    preset = session.preset
+    before, after = evaluate_before_after(
+        preset.model,
+        adapter_dir,
+        eval_questions(session),
+        max_new_tokens=session.sizes.max_new_tokens,
+        few_shot=preset.few_shot,
+        prefill=preset.prefill,
+        seed=0,
+        progress=progress,
+    )
+    before.save(session.paths.eval_dir / "before.json")
+    after.save(session.paths.eval_dir / "after.json")
+    return before, after
+
+
+def saved_evals(paths: NotebookPaths) -> dict[str, Path] | None:
+    """``{"before": path, "after": path}`` when notebook 04 saved both results, else None."""
+    found = {name: paths.eval_dir / f"{name}.json" for name in ("before", "after")}
+    return found if all(path.is_file() for path in found.values()) else None
+
+
+def side_by_side_html(before, after, n: int = 3, *, prefill: str = "") -> str:
+    """An HTML table of the first ``n`` questions: gold answer, then the completion before and after training.
+
+    ``before``/``after`` are ``EvalResult`` objects with rows. Text is escaped (completions contain ``<think>``),
+    ``prefill`` is shown in front of each completion, and a mark says whether the strict answer was right.
+    """
+    import html
+
+    def cell(row: dict) -> str:
+        mark = "&#10004; right" if row.get("correct_strict") else "&#10008; wrong"
+        text = html.escape(prefill + str(row.get("completion", "")))
+        return f'<td style="vertical-align:top"><pre style="white-space:pre-wrap;margin:0">{text}</pre>{mark}</td>'
+
+    lines = [
+        '<table style="table-layout:fixed;width:100%">',
+        "<tr><th style='width:26%'>question (gold)</th><th>before training</th><th>after training</th></tr>",
+    ]
+    for old, new in list(zip(before.rows, after.rows, strict=True))[:n]:
+        question = html.escape(str(old.get("question", "")))
+        gold = html.escape(str(old.get("gold", "")))
+        lines.append(f'<tr><td style="vertical-align:top">{question} <b>({gold})</b></td>{cell(old)}{cell(new)}</tr>')
+    lines.append("</table>")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------ export
+
+
+def exports_table(results, folder: str | os.PathLike | None = None):
+    """A ``pandas.DataFrame`` of verified exports: format, path (relative to ``folder`` when given), size on disk,
+    the largest logit difference found and the limit it had to meet."""
+    import pandas as pd
+
+    rows = []
+    for result in results:
+        path = Path(result.path)
+        shown = path.relative_to(folder) if folder is not None and _is_under(path, Path(folder)) else path
+        rows.append(
+            {
+                "format": result.format,
+                "path": str(shown),
+                "size (MB)": round(_size_bytes(path) / 1e6, 1),
+                "max |dlogit|": f"{result.max_abs_diff:.2e}",
+                "limit": f"{result.tolerance:.2e}",
+                "verified": result.max_abs_diff <= result.tolerance,
+            }
+        )
+    return pd.DataFrame(rows).set_index("format")
+
+
+def _size_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def model_card_preview(export_folder: str | os.PathLike) -> str:
+    """The export's ``README.md`` model card without its YAML front matter, ready for ``IPython.display.Markdown``."""
+    text = (Path(export_folder) / "README.md").read_text(encoding="utf-8")
+    if text.startswith("---\n"):
+        end = text.find("\n---", 4)
+        if end != -1:
+            text = text[end + len("\n---") :].lstrip("\n")
+    return text
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def plot_vram_plans(estimates, *, highlight: str | None = None, ax=None, show: bool = True):
+    """Stacked bars of the planner's breakdown, one bar per preset; a black tick marks each card's memory.
+
+    ``estimates``: ``{preset name: planner.VramEstimate}``. ``highlight`` puts a star on the chosen preset's label.
+    Returns the Axes.
+    """
+    import matplotlib.pyplot as plt
+
+    parts = (
+        ("weights", "weights_gib"),
+        ("LoRA + grads + Adam", "lora_gib"),
+        ("activations", "activations_gib"),
+        ("logits", "logits_gib"),
+        ("vLLM KV cache", "vllm_gib"),
+        ("CUDA overhead", "overhead_gib"),
+    )
+    names = list(estimates)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 1.8))
+    left = [0.0] * len(names)
+    for label, attr in parts:
+        values = [getattr(estimates[name], attr) for name in names]
+        ax.barh(names, values, left=left, label=label)
+        left = [a + b for a, b in zip(left, values, strict=True)]
+    for y, name in enumerate(names):
+        card = estimates[name].card_gib
+        if card:
+            ax.plot([card, card], [y - 0.42, y + 0.42], color="black", linewidth=2.5)
+        ax.text(max(left[y], card), y, f" {left[y]:.1f}", va="center", fontsize=8)
+    ax.plot([], [], color="black", linewidth=2.5, label="card memory")
+    ax.set_yticks(range(len(names)), [f"{n} *" if n == highlight else n for n in names])
+    ax.invert_yaxis()
+    ax.set(title="VRAM plan per preset (GiB; * = chosen)", xlabel="GiB")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    if show:
+        plt.tight_layout()
+        plt.show()
+    return ax
+
+
+def plot_exports(results, *, show: bool = True):
+    """Two panels for a list of ``export.ExportResult``: size on disk, and max |dlogit| against its limit (log scale).
+
+    Returns the Figure. A difference of exactly 0 (a LoRA reloaded bit for bit) is drawn at 1e-8 and labelled 0.
+    """
+    import matplotlib.pyplot as plt
+
+    names = [r.format for r in results]
+    fig, (ax_size, ax_diff) = plt.subplots(1, 2, figsize=(10, 0.5 * len(names) + 1.8))
+    sizes = [_size_bytes(Path(r.path)) / 1e6 for r in results]
+    ax_size.barh(names, sizes, color="tab:blue")
+    for y, size in enumerate(sizes):
+        ax_size.text(size, y, f" {size:.0f} MB", va="center", fontsize=8)
+    ax_size.set(title="size on disk", xlabel="MB")
+    ax_size.set_xlim(0, max(sizes, default=1) * 1.3 or 1)
+    floor = 1e-8
+    diffs = [max(r.max_abs_diff, floor) for r in results]
+    ax_diff.barh(names, diffs, color="tab:green")
+    for y, result in enumerate(results):
+        ax_diff.plot([result.tolerance] * 2, [y - 0.42, y + 0.42], color="black", linewidth=2.5)
+        label = "0" if result.max_abs_diff == 0 else f"{result.max_abs_diff:.1e}"
+        ax_diff.text(max(diffs[y], result.tolerance), y, f"  {label}", va="center", fontsize=8)
+    ax_diff.plot([], [], color="black", linewidth=2.5, label="limit")
+    ax_diff.set_xscale("log")
+    ax_diff.set_xlim(floor / 2, max([*diffs, *(r.tolerance for r in results)], default=1.0) * 300)
+    ax_diff.set(title="verification: max |dlogit| vs trained model", xlabel="logit difference (log scale)")
+    ax_diff.legend(fontsize=8, loc="upper right")
+    for ax in (ax_size, ax_diff):
+        ax.invert_yaxis()
+    fig.tight_layout()
+    if show:
+        plt.show()
+    return fig

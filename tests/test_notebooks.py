@@ -1,0 +1,574 @@
+"""The notebooks: hygiene (stripped, valid, badge, guarded Colab cells) and grpo_kit.notebook's session helpers.
+
+Running the notebooks themselves is ``pytest notebooks --nbmake`` (the Makefile's test target, in smoke mode).
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import nbformat
+import pytest
+
+from grpo_kit import notebook as nbk
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.notebook import (
+    NOTEBOOKS,
+    SMOKE_OVERRIDES,
+    NotebookPaths,
+    NotebookSession,
+    colab_badge_markdown,
+    colab_badge_url,
+    copy_to_drive,
+    default_root,
+    drive_root,
+    ensure_trained_run,
+    find_project_root,
+    load_choice,
+    load_finished_run,
+    local_root,
+    model_card_preview,
+    run_sizes,
+    run_status,
+    save_choice,
+    saved_evals,
+    score_examples,
+    session_paths,
+    set_aside,
+    side_by_side_html,
+    smoke_decision,
+    train_session,
+)
+from grpo_kit.presets import get_preset
+from grpo_kit.runtime import DeviceInfo
+
+REPO = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = REPO / "notebooks"
+CPU = DeviceInfo("cpu", "cpu", 0.0, False)
+T4 = DeviceInfo("cuda", "Tesla T4", 14.74, False)
+A100 = DeviceInfo("cuda", "NVIDIA A100-SXM4-80GB", 79.2, True)
+#: Calls that only make sense on Colab: every use must sit under ``if in_colab():``.
+COLAB_ONLY_CALLS = {"mount_drive_if_colab", "copy_to_drive"}
+
+
+def _read(name: str):
+    return nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+
+
+def _code_cells(nb):
+    return [cell for cell in nb.cells if cell.cell_type == "code"]
+
+
+# --------------------------------------------------------------------------------------------- hygiene
+
+
+def test_the_notebook_folder_holds_exactly_the_numbered_path():
+    assert sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")) == sorted(NOTEBOOKS)
+    assert list(NOTEBOOKS) == sorted(NOTEBOOKS)  # the numbers give the reading order
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_valid_and_stripped(name):
+    raw = json.loads((NOTEBOOK_DIR / name).read_text(encoding="utf-8"))  # plain JSON
+    nb = _read(name)
+    nbformat.validate(nb)
+    assert nb.nbformat == 4
+    assert nb.metadata["kernelspec"]["name"] == "python3"
+    for cell in _code_cells(nb):
+        assert cell.outputs == [], f"{name}: committed outputs in a cell starting {cell.source[:40]!r}"
+        assert cell.execution_count is None, f"{name}: execution count committed"
+    for cell in raw["cells"]:
+        tags = cell.get("metadata", {}).get("tags", [])
+        assert not {"skip-execution", "raises-exception"} & set(tags), f"{name}: a cell is tagged away from testing"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_opens_with_its_colab_badge_and_a_title(name):
+    first = _read(name).cells[0]
+    assert first.cell_type == "markdown"
+    url = f"https://colab.research.google.com/github/grpo-kit/grpo-kit/blob/main/notebooks/{name}"
+    assert url in first.source
+    assert colab_badge_markdown(name) in first.source
+    assert (NOTEBOOK_DIR / name).relative_to(REPO).as_posix() == f"notebooks/{name}"  # the badge's path exists
+    assert "\n# " in first.source  # a title follows the badge
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_install_cell_runs_first_and_only_on_colab(name):
+    nb = _read(name)
+    install = _code_cells(nb)[0]
+    assert "requirements-colab.txt" in install.source
+    assert '"google.colab" not in sys.modules' in install.source
+    assert "Restart" in install.source  # the restart caveat
+    assert "grpo_kit" not in [n.split(".")[0] for n in _imported_modules(install.source)]
+    assert (REPO / "requirements-colab.txt").is_file()
+    # A markdown cell explains it before it runs.
+    index = nb.cells.index(install)
+    assert nb.cells[index - 1].cell_type == "markdown" and "Restart session" in nb.cells[index - 1].source
+
+
+def _imported_modules(source: str) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names.append(node.module or "")
+    return names
+
+
+def _colab_only_calls_outside_guard(source: str) -> list[str]:
+    """Names of Colab-only calls in ``source`` that are not inside ``if in_colab():``."""
+    tree = ast.parse(source)
+    bad = []
+
+    def visit(node, guarded: bool):
+        if isinstance(node, ast.If):
+            test = node.test
+            is_guard = isinstance(test, ast.Call) and getattr(test.func, "id", None) == "in_colab"
+            for child in node.body:
+                visit(child, guarded or is_guard)
+            for child in node.orelse:
+                visit(child, guarded)
+            return
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in COLAB_ONLY_CALLS and not guarded:
+            bad.append(node.func.id)
+        for child in ast.iter_child_nodes(node):
+            visit(child, guarded)
+
+    visit(tree, False)
+    return bad
+
+
+def test_guard_checker_catches_an_unguarded_call():
+    assert _colab_only_calls_outside_guard("mount_drive_if_colab()") == ["mount_drive_if_colab"]
+    assert _colab_only_calls_outside_guard("if in_colab():\n    mount_drive_if_colab()") == []
+    assert _colab_only_calls_outside_guard("if in_colab():\n    pass\nelse:\n    copy_to_drive(1, 2)") == ["copy_to_drive"]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_colab_only_cells_are_guarded_but_still_executed(name):
+    for cell in _code_cells(_read(name)):
+        assert _colab_only_calls_outside_guard(cell.source) == [], cell.source[:60]
+        assert "google.colab import" not in cell.source  # Colab modules are used inside grpo_kit.notebook only
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_notebook_draws_a_plot_and_explains_before_code(name):
+    nb = _read(name)
+    calls = {
+        node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        for cell in _code_cells(nb)
+        for node in ast.walk(ast.parse(cell.source))
+        if isinstance(node, ast.Call)
+    }
+    assert any(call.startswith("plot_") for call in calls), f"{name} has no plot"
+    markdown_words = sum(len(c.source.split()) for c in nb.cells if c.cell_type == "markdown")
+    code_lines = sum(len(c.source.splitlines()) for c in _code_cells(nb))
+    assert markdown_words > 3 * code_lines  # a tutorial, not a script
+    for before, cell in zip(nb.cells, nb.cells[1:], strict=False):
+        if cell.cell_type == "code" and before.cell_type == "code":
+            assert len(cell.source.splitlines()) <= 25  # consecutive code cells stay short
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_cells_call_the_package_rather_than_define_logic(name):
+    for cell in _code_cells(_read(name)):
+        tree = ast.parse(cell.source)
+        defined = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Lambda))]
+        assert defined == [], f"{name} defines {defined}: move it into grpo_kit"
+
+
+def test_notebooks_lint_clean():
+    ruff = shutil.which("ruff") or str(Path(REPO / ".venv" / "bin" / "ruff"))
+    if not Path(ruff).exists():
+        pytest.skip("ruff is not installed")
+    result = subprocess.run([ruff, "check", "--no-cache", str(NOTEBOOK_DIR)], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------------------------- Colab and paths
+
+
+def test_badge_url_and_markdown():
+    url = colab_badge_url("05_export.ipynb", repo="me/kit", branch="dev")
+    assert url == "https://colab.research.google.com/github/me/kit/blob/dev/notebooks/05_export.ipynb"
+    assert colab_badge_markdown("01_setup.ipynb").endswith(f"({colab_badge_url('01_setup.ipynb')})")
+
+
+def test_colab_helpers_do_nothing_off_colab():
+    assert nbk.mount_drive_if_colab() is None
+
+
+def test_project_root_is_found_from_the_notebook_folder(tmp_path):
+    assert find_project_root(NOTEBOOK_DIR) == REPO
+    assert find_project_root(tmp_path) is None
+
+
+def test_roots_env_checkout_and_drive(tmp_path, monkeypatch):
+    monkeypatch.delenv(nbk.ROOT_ENV, raising=False)
+    assert local_root(NOTEBOOK_DIR) == REPO / "runs" / "notebook"
+    assert local_root(tmp_path) == tmp_path.resolve() / "runs" / "notebook"
+    mount = tmp_path / "drive"
+    assert drive_root(mount) is None
+    assert default_root(NOTEBOOK_DIR, mount=mount) == REPO / "runs" / "notebook"
+    (mount / "MyDrive").mkdir(parents=True)
+    assert drive_root(mount) == mount / "MyDrive" / "grpo-kit" / "notebook"
+    assert default_root(NOTEBOOK_DIR, mount=mount) == mount / "MyDrive" / "grpo-kit" / "notebook"
+    monkeypatch.setenv(nbk.ROOT_ENV, str(tmp_path / "scratch"))
+    assert default_root(NOTEBOOK_DIR, mount=mount) == (tmp_path / "scratch").resolve()
+
+
+def test_session_paths_layout(tmp_path, monkeypatch):
+    paths = session_paths("t4-16gb", tmp_path)
+    assert paths.run_dir == tmp_path / "t4-16gb" / "train"
+    assert paths.eval_dir == tmp_path / "t4-16gb" / "eval"
+    assert paths.export_dir == tmp_path / "t4-16gb" / "exports"
+    assert not paths.on_drive and paths.drive_export_dir is None
+    # On Drive, exports stay on the local disk and are copied to Drive on request.
+    monkeypatch.setattr(nbk, "DRIVE_MOUNT", tmp_path / "drive")
+    drive = tmp_path / "drive" / "MyDrive" / "grpo-kit" / "notebook"
+    on_drive = session_paths("cpu", drive, local=tmp_path / "local")
+    assert on_drive.on_drive
+    assert on_drive.run_dir == drive / "cpu" / "train"
+    assert on_drive.export_dir == tmp_path / "local" / "cpu" / "exports"
+    assert on_drive.drive_export_dir == drive / "cpu" / "exports"
+
+
+def test_copy_to_drive_copies_selected_entries_and_keeps_old_copies(tmp_path):
+    export = tmp_path / "local" / "grpo-cpu"
+    (export / "lora").mkdir(parents=True)
+    (export / "lora" / "adapter_model.safetensors").write_bytes(b"w")
+    (export / "merged16").mkdir()
+    (export / "merged16" / "model.safetensors").write_bytes(b"big")
+    (export / "README.md").write_text("card")
+    paths = NotebookPaths(tmp_path, tmp_path / "r", tmp_path / "e", tmp_path / "local", tmp_path / "drive")
+    assert copy_to_drive(export, dataclasses.replace(paths, drive_export_dir=None)) is None
+    target = copy_to_drive(export, paths, include=("lora", "README.md"))
+    assert target == tmp_path / "drive" / "grpo-cpu"
+    assert sorted(p.name for p in target.iterdir()) == ["README.md", "lora"]
+    assert (target / "lora" / "adapter_model.safetensors").read_bytes() == b"w"
+    (export / "README.md").write_text("card v2")
+    copy_to_drive(export, paths)
+    assert (target / "README.md").read_text() == "card v2" and (target / "merged16").is_dir()
+    assert len(list((tmp_path / "drive").glob("grpo-cpu.old-*"))) == 1  # the first copy was set aside
+
+
+def test_choice_round_trip_and_bad_files(tmp_path):
+    assert load_choice(tmp_path) is None
+    save_choice(tmp_path, "l4-24gb", {"max_steps": 50})
+    assert load_choice(tmp_path) == {"preset": "l4-24gb", "overrides": {"max_steps": 50}}
+    (tmp_path / nbk.SESSION_FILE).write_text("{not json")
+    assert load_choice(tmp_path) is None
+    (tmp_path / nbk.SESSION_FILE).write_text('["cpu"]')
+    assert load_choice(tmp_path) is None
+
+
+# --------------------------------------------------------------------------------------------- smoke switch
+
+
+@pytest.mark.parametrize(
+    ("env", "device", "expected"),
+    [
+        ("1", T4, True),
+        ("true", CPU, True),
+        ("0", CPU, False),
+        (None, CPU, True),
+        (None, T4, False),
+        ("", T4, False),
+    ],
+)
+def test_smoke_decision(monkeypatch, env, device, expected):
+    if env is None:
+        monkeypatch.delenv("GRPO_KIT_SMOKE", raising=False)
+    else:
+        monkeypatch.setenv("GRPO_KIT_SMOKE", env)
+    smoke, reason = smoke_decision(device)
+    assert smoke is expected
+    assert reason
+
+
+def test_run_sizes():
+    cpu, t4 = get_preset("cpu"), get_preset("t4-16gb")
+    smoke = run_sizes(cpu, smoke=True, on_gpu=False)
+    assert (smoke.max_steps, smoke.eval_questions, smoke.train_data) == (nbk.SMOKE_STEPS, nbk.SMOKE_EVAL_QUESTIONS, "sample")
+    full_cpu = run_sizes(cpu, smoke=False, on_gpu=False)
+    assert full_cpu.max_steps == cpu.max_steps and full_cpu.eval_data == "sample"
+    gpu = run_sizes(t4, smoke=False, on_gpu=True)
+    assert (gpu.train_data, gpu.eval_data, gpu.max_new_tokens) == ("gsm8k", "gsm8k", t4.max_completion_length)
+
+
+# --------------------------------------------------------------------------------------------- session
+
+
+def test_smoke_session_is_the_shrunken_cpu_recipe(tmp_path):
+    session = NotebookSession.open("a100-80gb", root=tmp_path, smoke=True, device=A100)
+    preset = session.preset
+    assert preset.name == "cpu"
+    assert preset.max_steps == nbk.SMOKE_STEPS == session.sizes.max_steps
+    for key, value in SMOKE_OVERRIDES.items():
+        assert getattr(preset, key) == value
+    assert session.paths.run_dir == tmp_path / "cpu" / "train"
+    assert session.save_choice() is None and load_choice(tmp_path) is None
+    assert "SMOKE" in session.summary() and "cpu" in session.summary()
+
+
+def test_session_picks_auto_then_saved_then_named(tmp_path):
+    auto = NotebookSession.open(root=tmp_path, smoke=False, device=T4)
+    assert auto.preset == get_preset("t4-16gb") and "T4" in auto.reason
+    save_choice(tmp_path, "l4-24gb", {"max_steps": 7})
+    saved = NotebookSession.open(root=tmp_path, smoke=False, device=A100)
+    assert saved.preset == get_preset("l4-24gb", max_steps=7) and "notebook 01" in saved.reason
+    named = NotebookSession.open("a100-80gb", root=tmp_path, smoke=False, device=A100)
+    assert named.preset.name == "a100-80gb"
+    forced_auto = NotebookSession.open("auto", root=tmp_path, smoke=False, device=A100)
+    assert forced_auto.preset.name == "a100-80gb"
+
+
+def test_a_saved_choice_that_no_longer_fits_is_flagged(tmp_path):
+    save_choice(tmp_path, "a100-80gb")
+    session = NotebookSession.open(root=tmp_path, smoke=False, device=T4)
+    assert session.preset.name == "a100-80gb"
+    assert "Warning" in session.reason
+
+
+def test_adapted_auto_preset_survives_save_and_reopen(tmp_path):
+    small = DeviceInfo("cuda", "small GPU", 8.0, False)
+    first = NotebookSession.open(root=tmp_path, smoke=False, device=small)
+    assert first.preset.model != get_preset("t4-16gb").model  # the 1.5B fallback
+    first.save_choice()
+    assert load_choice(tmp_path)["overrides"]["model"] == first.preset.model
+    again = NotebookSession.open(root=tmp_path, smoke=False, device=small)
+    assert again.preset == first.preset
+
+
+def test_unknown_preset_name_is_a_user_error(tmp_path):
+    with pytest.raises(GrpoKitError, match="Unknown preset"):
+        NotebookSession.open("t5-16gb", root=tmp_path, smoke=False, device=T4)
+
+
+# --------------------------------------------------------------------------------------------- runs
+
+
+def _fake_checkpoint(run_dir: Path, step: int) -> Path:
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    (folder / "adapter_model.safetensors").write_bytes(b"0")
+    return folder
+
+
+def _fake_adapter(run_dir: Path) -> Path:
+    adapter = run_dir / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    return adapter
+
+
+def test_run_status(tmp_path):
+    run = tmp_path / "train"
+    assert run_status(run, 2) == "new"
+    _fake_checkpoint(run, 1)
+    assert run_status(run, 2) == "partial"
+    _fake_checkpoint(run, 2)
+    assert run_status(run, 2) == "partial"  # no final adapter yet
+    _fake_adapter(run)
+    assert run_status(run, 2) == "done"
+    assert run_status(run, 4) == "partial"  # asked for more steps: resume
+
+
+def test_load_finished_run_reads_the_files(tmp_path):
+    run = tmp_path / "train"
+    with pytest.raises(GrpoKitError, match="notebook 03"):
+        load_finished_run(run)
+    _fake_checkpoint(run, 2)
+    _fake_adapter(run)
+    rows = [{"step": 1, "reward": 0.0, "step_time": 3.0}, {"step": 2, "reward": 1.0, "step_time": 4.5}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = load_finished_run(run)
+    assert (result.steps, result.seconds, result.reward_first, result.reward_last) == (2, 7.5, 0.0, 1.0)
+    assert result.adapter_dir == run / "adapter" and result.history == rows
+
+
+def test_set_aside_renames_and_never_deletes(tmp_path):
+    assert set_aside(tmp_path / "missing") is None
+    folder = tmp_path / "train"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("x")
+    first = set_aside(folder)
+    folder.mkdir()
+    second = set_aside(folder)
+    assert first != second and not folder.exists()
+    assert (first / "keep.txt").read_text() == "x" and second.is_dir()
+
+
+@pytest.fixture
+def smoke_session(tmp_path):
+    return NotebookSession.open(root=tmp_path, smoke=True, device=CPU)
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    """Replace grpo_kit.train.train with a recorder that writes a finished run."""
+    calls = []
+
+    def train(preset, *, output_dir, resume, max_steps, **kwargs):
+        calls.append({"preset": preset, "output_dir": Path(output_dir), "resume": resume, "max_steps": max_steps, **kwargs})
+        run = Path(output_dir)
+        run.mkdir(parents=True, exist_ok=True)
+        if not (run / f"checkpoint-{max_steps}").exists():
+            _fake_checkpoint(run, max_steps)
+        if not (run / "adapter").exists():
+            _fake_adapter(run)
+        return SimpleNamespace(adapter_dir=run / "adapter", run_dir=run)
+
+    monkeypatch.setattr("grpo_kit.train.train", train)
+    return calls
+
+
+def test_train_session_trains_resumes_loads_and_restarts(smoke_session, fake_train):
+    run = smoke_session.paths.run_dir
+    train_session(smoke_session)
+    assert fake_train[-1]["resume"] is False and fake_train[-1]["data"] == "sample"
+    assert fake_train[-1]["preset"] == smoke_session.preset and fake_train[-1]["output_dir"] == run
+    assert train_session(smoke_session).adapter_dir == run / "adapter"  # done: loaded, not retrained
+    assert len(fake_train) == 1
+    shutil.rmtree(run / "adapter")
+    train_session(smoke_session)  # a checkpoint but no adapter: resume
+    assert fake_train[-1]["resume"] is True
+    train_session(smoke_session, restart=True)
+    assert fake_train[-1]["resume"] is False
+    assert len(list(run.parent.glob("train.old-*"))) == 1
+
+
+def test_train_session_keeps_a_run_that_died_before_its_first_checkpoint(smoke_session, fake_train):
+    run = smoke_session.paths.run_dir
+    run.mkdir(parents=True)
+    (run / "run.json").write_text("{}")
+    train_session(smoke_session)
+    assert fake_train[-1]["resume"] is False
+    assert (next(run.parent.glob("train.old-*")) / "run.json").is_file()
+
+
+def test_ensure_trained_run_returns_the_adapter(smoke_session, fake_train, capsys):
+    adapter = ensure_trained_run(smoke_session)
+    assert adapter == smoke_session.paths.run_dir / "adapter"
+    assert "training" in capsys.readouterr().out
+    assert ensure_trained_run(smoke_session) == adapter and len(fake_train) == 1
+
+
+# --------------------------------------------------------------------------------------------- data, eval, export
+
+
+def test_score_examples_orders_the_examples_like_the_rewards_should():
+    table = score_examples(get_preset("cpu").rewards)
+    totals = table["weighted total"].tolist()
+    assert totals == sorted(totals) and totals[0] == 0.0 and totals[-1] > totals[-2]
+    assert list(table.columns) == ["tag_progress", "correctness", "weighted total"]
+    weighted = score_examples([("correctness", 3.0)])
+    assert weighted["weighted total"].iloc[-1] == 3 * weighted["correctness"].iloc[-1]
+
+
+def test_preview_prompt_is_what_training_sends(embedded_dir):
+    text = nbk.preview_prompt(get_preset("cpu"))
+    assert text.endswith("<|im_start|>assistant\n<think>\n")  # generation prompt + prefill
+    assert text.count("<|im_start|>user") == 2  # one worked example + the question
+
+
+def test_evaluate_session_passes_the_training_prompt_and_saves(smoke_session, monkeypatch):
+    from grpo_kit.evaluate import EvalResult
+
+    seen = {}
+
+    def fake(model_id, adapter_dir, dataset, **kwargs):
+        seen.update(model=model_id, adapter=adapter_dir, n=len(dataset), **kwargs)
+        result = EvalResult(0.0, 0.25, 0.5, 30.0, n=len(dataset), seed=0, protocol="p")
+        return result, dataclasses.replace(result, format_rate=1.0)
+
+    monkeypatch.setattr("grpo_kit.evaluate.evaluate_before_after", fake)
+    before, after = nbk.evaluate_session(smoke_session, "adapter-dir")
+    preset = smoke_session.preset
+    assert seen["n"] == nbk.SMOKE_EVAL_QUESTIONS and seen["max_new_tokens"] == nbk.SMOKE_NEW_TOKENS
+    assert (seen["few_shot"], seen["prefill"], seen["model"]) == (preset.few_shot, preset.prefill, preset.model)
+    assert saved_evals(smoke_session.paths) == {
+        "before": smoke_session.paths.eval_dir / "before.json",
+        "after": smoke_session.paths.eval_dir / "after.json",
+    }
+    assert json.loads((smoke_session.paths.eval_dir / "after.json").read_text())["format_rate"] == 1.0
+
+
+def test_saved_evals_needs_both(tmp_path):
+    paths = session_paths("cpu", tmp_path)
+    paths.eval_dir.mkdir(parents=True)
+    (paths.eval_dir / "before.json").write_text("{}")
+    assert saved_evals(paths) is None
+
+
+def test_side_by_side_html_escapes_tags_and_marks_results():
+    row = {"question": "Is 2 < 3?", "gold": "1", "completion": "yes</think><answer>1</answer>", "correct_strict": True}
+    before = SimpleNamespace(rows=({**row, "completion": "no", "correct_strict": False},) * 4)
+    after = SimpleNamespace(rows=(row,) * 4)
+    page = side_by_side_html(before, after, n=2, prefill="<think>\n")
+    assert "&lt;think&gt;" in page and "&lt;/answer&gt;" in page and "<think>" not in page
+    assert "Is 2 &lt; 3?" in page and "<b>(1)</b>" in page
+    assert page.count("<tr>") == 3  # header + n rows
+    assert "&#10008; wrong" in page and "&#10004; right" in page
+
+
+def test_model_card_preview_drops_the_front_matter(tmp_path):
+    (tmp_path / "README.md").write_text("---\ntags:\n  - grpo\n---\n\n# grpo-cpu\n\nbody\n")
+    assert model_card_preview(tmp_path) == "# grpo-cpu\n\nbody\n"
+    (tmp_path / "README.md").write_text("# plain\n")
+    assert model_card_preview(tmp_path) == "# plain\n"
+
+
+def _export_results(tmp_path):
+    from grpo_kit.export import ExportResult
+
+    lora = tmp_path / "x" / "lora"
+    lora.mkdir(parents=True)
+    (lora / "adapter_model.safetensors").write_bytes(b"0" * 2_000_000)
+    gguf = tmp_path / "x" / "gguf" / "x-q8_0.gguf"
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"0" * 1_000_000)
+    return [
+        ExportResult("lora", lora, "adapter", 0.0, 5e-4, 0.0, 0.3),
+        ExportResult("gguf", gguf, "GGUF q8_0", 1.0, 6.4, 0.1, 0.3),
+    ]
+
+
+def test_exports_table(tmp_path):
+    table = nbk.exports_table(_export_results(tmp_path), folder=tmp_path / "x")
+    assert table.loc["lora", "size (MB)"] == 2.0 and table.loc["gguf", "path"] == "gguf/x-q8_0.gguf"
+    assert table["verified"].all()
+
+
+def test_plots_draw_without_a_display(tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from grpo_kit.planner import estimate_vram
+    from grpo_kit.presets import PRESETS
+
+    estimates = {name: estimate_vram(preset) for name, preset in PRESETS.items()}
+    ax = nbk.plot_vram_plans(estimates, highlight="cpu", show=False)
+    assert [t.get_text() for t in ax.get_yticklabels()][0] == "cpu *"
+    assert len(ax.patches) == 6 * len(PRESETS)  # one segment per part per preset
+    fig = nbk.plot_exports(_export_results(tmp_path), show=False)
+    assert len(fig.axes) == 2
+    plt.close("all")
+
+
+def test_docstring_examples_hold():
+    import doctest
+
+    failures, tried = doctest.testmod(nbk, optionflags=doctest.NORMALIZE_WHITESPACE)
+    assert tried >= 4 and failures == 0
