@@ -204,15 +204,19 @@ def generate_hf(
 ) -> list[list[tuple[str, int]]]:
     """Batched ``generate`` with left padding: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
 
-    Greedy when ``temperature`` is None. ``n_tokens`` counts generated tokens up to and including the first stop
+    Greedy when ``temperature`` is None; the model's own generation defaults are not used. ``n_tokens`` counts generated tokens up to and including the first stop
     token (padding excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``.
     """
     import torch
     from tqdm.auto import tqdm
+    from transformers import GenerationConfig
 
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature else {"do_sample": False}
+    # A fresh config, so a model's own defaults (repetition penalty, top_p...) cannot change the protocol.
+    config = GenerationConfig(max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
+                              pad_token_id=pad_id, **sampling)
     device = next(model.parameters()).device
     results: list[list[tuple[str, int]]] = []
     old_side = tokenizer.padding_side
@@ -222,10 +226,7 @@ def generate_hf(
             batch = list(prompts[start : start + batch_size])
             inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
             with torch.no_grad():
-                out = model.generate(
-                    **inputs, max_new_tokens=max_new_tokens, num_return_sequences=num_samples,
-                    eos_token_id=stops, pad_token_id=pad_id, **sampling,
-                )
+                out = model.generate(**inputs, generation_config=config)
             new = out[:, inputs["input_ids"].shape[1] :]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             lengths = [_generated_length(row.tolist(), stops) for row in new]
