@@ -355,9 +355,10 @@ def _load_tuned_cuda(base_model: str, adapter_dir: Path):  # pragma: no cover - 
             "adapter itself (it is in the run folder), or export on a GPU with more memory (an 8B model needs ~17 GB)."
         ) from None
     params = sum(p.numel() for p in model.parameters())
-    if params * 4 * 2 < torch.cuda.mem_get_info()[0]:
-        model = model.float()
-    return model, load_tokenizer(base_model), str(next(model.parameters()).dtype).replace("torch.", "")
+    quantized = getattr(base, "hf_quantizer", None) is not None  # a 4-bit base (lora-only export) stays as trained
+    if not quantized and params * 4 * 2 < torch.cuda.mem_get_info()[0]:
+        return model.float(), load_tokenizer(base_model), "float32"
+    return model, load_tokenizer(base_model), str(half).replace("torch.", "")
 
 
 def _reload_kwargs(reference: Reference) -> dict:
@@ -604,7 +605,9 @@ def export(
     check_target(target, overwrite)
     evals = normalize_evals(eval_results)
     run = read_run_info(adapter_dir)
-    base_model, base_note = sixteen_bit_base(resolve_base_model(adapter_dir, base_model, run))
+    base_model, base_note = resolve_base_model(adapter_dir, base_model, run), ""
+    if "merged16" in wanted or "gguf" in wanted:  # a LoRA alone is checked on the base it was trained on
+        base_model, base_note = sixteen_bit_base(base_model)
     base_path = resolve_model_id(base_model)
 
     model, tokenizer, reference = load_reference(base_path, adapter_dir)
