@@ -300,6 +300,8 @@ def check_logits(fmt: str, key: str, candidate: Sequence, reference: Reference, 
                 f"it is closer to the base model than to base+adapter (mean |dlogit| {mean_tuned:.3g} vs {mean_base:.3g}): "
                 "the LoRA weights are missing from it"
             )
+    elif effect == 0.0:
+        note = f"{fmt}: the adapter changes no logit at all (LoRA B weights still zero?); check that training ran."
     else:
         note = (f"{fmt}: the adapter changes logits by at most {effect:.3g}, below this format's limit {limit:.3g}; "
                 "the check cannot tell a merged LoRA from a missing one.")
@@ -591,6 +593,7 @@ def export(
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
     from grpo_kit.gguf_export import check_gguf_type
+    from grpo_kit.guards import remove_stale_staging, staging_prefix
     from grpo_kit.model_card import render_model_card
     from grpo_kit.models import EMBEDDED_ID, resolve_model_id
 
@@ -613,7 +616,8 @@ def export(
     model, tokenizer, reference = load_reference(base_path, adapter_dir)
     route = gguf_route(model.get_base_model().config, tokenizer) if gguf_types else "cpu"
     out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}.partial-", dir=out_dir))
+    remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
+    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
     results: list[ExportResult] = []
     try:
         if "lora" in wanted:

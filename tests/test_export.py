@@ -111,6 +111,25 @@ def test_normalize_evals_accepts_results_dicts_and_files(tmp_path):
         normalize_evals(tmp_path / "missing.json")
 
 
+def test_check_logits_rules(tmp_path):
+    """Within tolerance and closer to tuned passes; the base model (LoRA missing) fails; a no-op adapter is noted."""
+    import torch
+
+    torch.manual_seed(0)
+    base = (torch.randn(5, 50) * 10,)
+    tuned = (base[0] + torch.randn(5, 50),)
+    reference = export_module.Reference(((1, 2, 3, 4, 5),), tuned, base)
+    noisy = (tuned[0] + 0.01 * torch.randn(5, 50),)
+    ok = export_module.check_logits("merged16", "merged16:bfloat16", noisy, reference, path=tmp_path, detail="d")
+    assert ok.max_abs_diff <= ok.tolerance and ok.lora_effect > ok.tolerance and ok.note == ""
+    with pytest.raises(GrpoKitError, match="LoRA weights are missing"):
+        export_module.check_logits("merged16", "merged16:float16", base, reference, path=tmp_path, detail="d")
+    with pytest.raises(GrpoKitError, match="exceeds the limit"):
+        export_module.check_logits("lora", "lora", noisy, reference, path=tmp_path, detail="d")
+    no_op = export_module.Reference(reference.prompts, base, base)
+    assert "no logit at all" in export_module.check_logits("lora", "lora", base, no_op, path=tmp_path, detail="d").note
+
+
 @pytest.mark.slow
 def test_every_cpu_format_round_trips(run_dir, tmp_path):
     results = export(run_dir / "adapter", ("lora", "merged16", "gguf"), out_dir=tmp_path, name="all", gguf_type="q8_0")
