@@ -266,9 +266,10 @@ def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, 
 
 
 def _use_vllm(model) -> bool:
+    """True for an Unsloth model loaded with ``fast_inference=True`` (it carries a vLLM engine) on a GPU."""
     import torch
 
-    return torch.cuda.is_available() and hasattr(model, "fast_generate")
+    return torch.cuda.is_available() and hasattr(model, "fast_generate") and getattr(model, "vllm_engine", None) is not None
 
 
 # ----------------------------------------------------------------------------------------------------- evaluate
