@@ -716,3 +716,40 @@ def plot_exports(results, *, show: bool = True):
     if show:
         plt.show()
     return fig
+
+
+# ------------------------------------------------------------------------------------------------ hygiene
+
+
+def strip_notebook(path: str | os.PathLike) -> bool:
+    """Remove outputs and execution counts from a notebook file in place; returns True when it changed.
+
+    The repository keeps notebooks stripped (tests/test_notebooks.py checks it). Run
+    ``python -m grpo_kit.notebook notebooks/*.ipynb`` before committing a notebook you ran.
+    """
+    import nbformat
+
+    path = Path(path)
+    nb = nbformat.read(path, as_version=4)
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        if cell.outputs or cell.execution_count is not None:
+            cell.outputs, cell.execution_count = [], None
+            changed = True
+        for key in ("execution", "collapsed", "scrolled"):
+            if key in cell.metadata:
+                del cell.metadata[key]
+                changed = True
+    if changed:
+        nbformat.validate(nb)
+        nbformat.write(nb, path)
+    return changed
+
+
+if __name__ == "__main__":
+    import sys
+
+    for name in sys.argv[1:]:
+        print(f"{'stripped' if strip_notebook(name) else 'clean   '} {name}")

@@ -572,3 +572,18 @@ def test_docstring_examples_hold():
 
     failures, tried = doctest.testmod(nbk, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert tried >= 4 and failures == 0
+
+
+def test_strip_notebook_removes_outputs_and_counts(tmp_path):
+    path = tmp_path / "run.ipynb"
+    shutil.copy(NOTEBOOK_DIR / NOTEBOOKS[1], path)
+    assert nbk.strip_notebook(path) is False  # committed notebooks are already clean
+    nb = nbformat.read(path, as_version=4)
+    cell = _code_cells(nb)[0]
+    cell.execution_count = 3
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="hi\n")]
+    cell.metadata["execution"] = {"iopub.status.busy": "2026-11-22"}
+    nbformat.write(nb, path)
+    assert nbk.strip_notebook(path) is True
+    cleaned = _code_cells(nbformat.read(path, as_version=4))[0]
+    assert (cleaned.outputs, cleaned.execution_count, "execution" in cleaned.metadata) == ([], None, False)
