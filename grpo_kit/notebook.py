@@ -410,6 +410,23 @@ def run_status(run_dir: str | os.PathLike, max_steps: int) -> str:
     return "partial" if checkpoint else "new"
 
 
+#: Preset fields that may change between a run and its continuation (train longer, checkpoint more often).
+RESUMABLE_CHANGES = frozenset({"max_steps", "save_steps", "logging_steps"})
+
+
+def recipe_mismatch(run_dir: str | os.PathLike, preset) -> list[str]:
+    """Preset fields whose values differ between ``preset`` and the one recorded in ``run_dir/run.json``.
+
+    Empty when they agree (apart from ``RESUMABLE_CHANGES``) or when there is no readable ``run.json``.
+    """
+    try:
+        recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))["preset"]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+        return []
+    current = json.loads(json.dumps(dataclasses.asdict(preset), default=str))
+    return sorted(k for k in current if k not in RESUMABLE_CHANGES and recorded.get(k, current[k]) != current[k])
+
+
 def load_finished_run(run_dir: str | os.PathLike):
     """A ``TrainResult`` for a run folder trained earlier (e.g. by notebook 03), read from its files.
 
@@ -457,12 +474,16 @@ def train_session(session: NotebookSession, *, restart: bool = False, callbacks:
 
     - a finished run (``run_status == "done"``) is loaded, not retrained;
     - a run with a checkpoint is resumed from its latest complete checkpoint (e.g. after a Colab disconnect);
-    - ``restart=True`` moves the old run folder aside (``train.old-<time>``) and starts over.
+    - ``restart=True``, or a run folder made with a different recipe (``recipe_mismatch``), moves the old run
+      folder aside (``train.old-<time>``) and starts over.
     """
     from grpo_kit.train import train
 
     run_dir = session.paths.run_dir
-    if restart:
+    changed = recipe_mismatch(run_dir, session.preset)
+    if changed and not restart:
+        print(f"{run_dir} was trained with a different recipe ({', '.join(changed)} differ): starting a new run.")
+    if restart or changed:
         set_aside(run_dir)
     status = run_status(run_dir, session.sizes.max_steps)
     if status == "done":

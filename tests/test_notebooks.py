@@ -587,3 +587,22 @@ def test_strip_notebook_removes_outputs_and_counts(tmp_path):
     assert nbk.strip_notebook(path) is True
     cleaned = _code_cells(nbformat.read(path, as_version=4))[0]
     assert (cleaned.outputs, cleaned.execution_count, "execution" in cleaned.metadata) == ([], None, False)
+
+
+def test_a_run_made_with_another_recipe_is_set_aside_not_reused(smoke_session, fake_train, capsys):
+    run = smoke_session.paths.run_dir
+    _fake_checkpoint(run, nbk.SMOKE_STEPS)
+    _fake_adapter(run)
+    recorded = dataclasses.asdict(dataclasses.replace(smoke_session.preset, learning_rate=1e-3, max_steps=99))
+    (run / "run.json").write_text(json.dumps({"preset": recorded}, default=str))
+    assert nbk.recipe_mismatch(run, smoke_session.preset) == ["learning_rate"]  # max_steps may change on resume
+    train_session(smoke_session)
+    assert len(fake_train) == 1 and fake_train[-1]["resume"] is False
+    assert "different recipe" in capsys.readouterr().out
+    assert (next(run.parent.glob("train.old-*")) / "run.json").is_file()
+
+
+def test_recipe_mismatch_is_empty_for_the_same_recipe_or_no_record(tmp_path, smoke_session):
+    assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []
+    (tmp_path / "run.json").write_text(json.dumps({"preset": dataclasses.asdict(smoke_session.preset)}, default=str))
+    assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []
