@@ -36,6 +36,9 @@ def _add_rewards(sub) -> None:
 
 
 def _add_train(sub) -> None:
+    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables; these imports do not import torch
+    from grpo_kit.presets import LOSS_VARIANTS
+
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a preset")
     p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
     p.add_argument("--model", help="model id or local folder, instead of the preset's")
@@ -44,14 +47,33 @@ def _add_train(sub) -> None:
     p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
     p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
-    p.add_argument("--loss-type", choices=["grpo", "dr_grpo", "dapo", "bnpo"], help="GRPO loss variant")
+    p.add_argument("--loss-type", choices=list(LOSS_VARIANTS), help="GRPO loss variant (docs/SCALING.md explains each)")
     p.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
     p.add_argument("--num-generations", type=int, help="completions sampled per prompt (the group size G)")
     p.add_argument("--temperature", type=float, help="sampling temperature for completions")
     p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
+    p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
+    p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
+    p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE), help="questions whose sampled rewards were all equal (default: keep)")
     p.set_defaults(func=_handler("train", "cli_train"))
+
+
+def _add_curriculum(sub) -> None:
+    p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance")
+    p.add_argument("--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path")
+    p.add_argument("--preset", default="cpu", help="preset whose prompt format, rewards and sampling settings to use")
+    p.add_argument("--model", help="model id or folder (default: the preset's)")
+    p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
+    p.add_argument("--rewards", help="reward spec for the variance check (default: the preset's)")
+    p.add_argument("--max-new-tokens", type=int, help="completion budget (default: the preset's)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the preset's)")
+    p.add_argument("--limit", type=int, help="score the first N questions (after a seeded shuffle)")
+    p.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
+    p.add_argument("--seed", type=int, default=0, help="sampling and shuffle seed")
+    p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
+    p.set_defaults(func=_handler("curriculum", "cli_curriculum"))
 
 
 def _add_demo(sub) -> None:
@@ -97,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_presets, _add_rewards, _add_train, _add_demo, _add_eval, _add_export):
+    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export):
         add(sub)
     return parser
 

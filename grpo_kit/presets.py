@@ -40,6 +40,53 @@ FALLBACK_MODEL_4BIT = "unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit"
 PRECISIONS = ("fp16", "bf16", "fp32")
 #: A card is given a tier when it reports at least this fraction of the tier's ``vram_gb`` (rounding, ECC).
 TIER_TOLERANCE = 0.97
+#: GRPO loss variants by name (``Preset.loss_type``, ``grpo-kit train --loss-type``): the GRPOConfig fields each sets
+#: and what it changes. ``OTHER_TRL_LOSS_TYPES`` go to TRL's ``loss_type`` unchanged.
+LOSS_VARIANTS: dict[str, tuple[dict, str]] = {
+    "grpo": (
+        {"loss_type": "grpo"},
+        "original GRPO: token losses averaged per completion, then over completions (length-biased: short right "
+        "answers and long wrong ones are favoured)",
+    ),
+    "dr_grpo": (
+        {"loss_type": "dr_grpo"},
+        "Dr. GRPO: token losses summed and divided by a constant (max_completion_length): no length bias (the "
+        "paper also drops std scaling: --set scale_rewards=none)",
+    ),
+    "dapo": (
+        {"loss_type": "dapo"},
+        "DAPO, TRL's default: token losses averaged over every token of the whole accumulated batch",
+    ),
+    "bnpo": (
+        {"loss_type": "bnpo"},
+        "BNPO: token losses averaged over the tokens of each micro-batch (= grpo at per-device batch 1)",
+    ),
+    "gspo": (
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+        "GSPO: one importance ratio per completion (mean token log-ratio) clipped at 3e-4/4e-4; differs from "
+        "grpo only when batches are reused (num_iterations > 1 or steps_per_generation > accumulation)",
+    ),
+}
+
+
+#: The other loss types TRL 1.15 implements (see its GRPOConfig docs); usable by name, without a kit explanation.
+OTHER_TRL_LOSS_TYPES = ("cispo", "sapo", "luspo", "vespo")
+
+
+def loss_variant_config(name: str) -> dict:
+    """GRPOConfig fields for a loss variant name (TRL only rejects an unknown one at the first loss, after loading).
+
+    >>> loss_variant_config("gspo")["importance_sampling_level"], loss_variant_config("cispo")
+    ('sequence', {'loss_type': 'cispo'})
+    """
+    if name in LOSS_VARIANTS:
+        return dict(LOSS_VARIANTS[name][0])
+    if name in OTHER_TRL_LOSS_TYPES:
+        return {"loss_type": name}
+    raise GrpoKitError(
+        f"Unknown loss type {name!r}. Use one of {', '.join(LOSS_VARIANTS)} (grpo-kit train --loss-type NAME) or "
+        f"TRL's {', '.join(OTHER_TRL_LOSS_TYPES)}."
+    )
 
 
 @dataclass(frozen=True)

@@ -148,6 +148,8 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
     import torch
     from trl import GRPOConfig
 
+    from grpo_kit.presets import loss_variant_config
+
     if on_cpu is None:
         on_cpu = not torch.cuda.is_available()
     known = config_fields()
@@ -155,6 +157,7 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
     _check_known(overrides, known, "Override(s)")
     values: dict[str, Any] = {cfg: getattr(preset, name) for name, cfg in PRESET_TO_CONFIG.items()}
     values.update(precision_flags(preset.precision, on_cpu))
+    values.update(loss_variant_config(preset.loss_type))  # e.g. gspo = grpo + sequence-level ratios
     values.update(
         output_dir=str(output_dir),
         use_cpu=on_cpu,
@@ -344,12 +347,15 @@ def train(
     resume: bool = False,
     overrides: dict[str, Any] | None = None,
     callbacks: tuple = (),
+    curriculum=None,
 ) -> TrainResult:
     """Train a GRPO LoRA adapter: ``preset`` recipe, ``data`` prompts, ``rewards`` by name. See the module docstring.
 
     ``rewards`` is a spec such as ``"correctness:2,format"`` (default: the preset's). ``dataset`` (a Dataset with
     question/answer columns) replaces ``data`` when given. ``resume=True`` continues from the latest complete
     checkpoint in ``output_dir``; without it, an existing non-empty run folder is refused rather than overwritten.
+    ``curriculum`` (a ``grpo_kit.curriculum.Curriculum``) orders/filters the prompts by their offline scores.
+    Under ``accelerate launch`` every process runs this function; only the main process writes the run files.
     """
     from trl import GRPOTrainer
 
@@ -368,18 +374,27 @@ def train(
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
     preset, overrides = split_overrides(preset, overrides or {})
+    if curriculum is not None:
+        overrides = {**curriculum.config_overrides(), **overrides}  # no shuffling when the order matters
     check_device(preset, detect_device())  # settings are checked before any weights load
     run_dir = Path(output_dir or Path("runs") / f"{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config = build_grpo_config(preset, run_dir, overrides)
     checkpoint = _prepare_run_dir(run_dir, resume)
+    _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
+    is_main = config.process_index == 0
 
     policy, tokenizer = load_model(preset, model=model)
     train_set, _ = prepare_dataset(preset, tokenizer, data, dataset)
+    curriculum_report = None
+    if curriculum is not None:
+        train_set, curriculum_report = curriculum.apply(train_set)
     metrics_path = run_dir / "metrics.jsonl"
-    if checkpoint is not None:
+    if checkpoint is not None and is_main:
         truncate_metrics(metrics_path, _checkpoint_step(checkpoint))
     info = _run_info(preset, data=data, model=model or preset.model, overrides=overrides, reward_names=names)
-    (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
+    info["curriculum"] = curriculum_report
+    if is_main:
+        (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
 
     trainer = GRPOTrainer(
         model=policy,
@@ -393,6 +408,7 @@ def train(
     trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.time() - start
     adapter_dir = _save_adapter(trainer, tokenizer, run_dir)
+    _write_rank_digest(trainer, run_dir)
     history = read_metrics(metrics_path)
     first, last = reward_first_last(history)
     return TrainResult(
@@ -460,21 +476,61 @@ def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
 
 
 def _save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
-    """Write the final adapter to ``run_dir/adapter`` via a temporary folder, so it is never half-written."""
+    """Write the final adapter to ``run_dir/adapter`` via a temporary folder, so it is never half-written.
+
+    Every process calls ``save_model`` (DeepSpeed ZeRO-3 gathers the weights collectively); only the main one writes.
+    """
     final = run_dir / "adapter"
     staging = run_dir / ".adapter.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
+    is_main = trainer.is_world_process_zero()
+    if is_main:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.accelerator.wait_for_everyone()
     trainer.save_model(str(staging))
-    tokenizer.save_pretrained(str(staging))
-    if final.exists():
-        old = run_dir / ".adapter.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(final, old)
-        os.rename(staging, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.rename(staging, final)
+    if is_main:
+        tokenizer.save_pretrained(str(staging))
+        if final.exists():
+            old = run_dir / ".adapter.old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(final, old)
+            os.rename(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(staging, final)
+    trainer.accelerator.wait_for_everyone()
     return final
+
+
+def _wait_for_everyone(config) -> None:
+    """A barrier across the processes of ``accelerate launch``/``torchrun``; nothing in a single process."""
+    state = getattr(config, "distributed_state", None)
+    if state is not None:
+        state.wait_for_everyone()
+
+
+#: Set to "1" to make every process write ``rank-<i>.digest`` (SHA-256 of its LoRA weights) into the run folder
+#: after training: equal files prove the data-parallel copies stayed identical (tests/test_scaling.py checks it).
+RANK_DIGEST_ENV = "GRPO_KIT_RANK_DIGEST"
+
+
+def weights_digest(tensors: dict) -> str:
+    """SHA-256 over each tensor's name and float32 bytes, in name order: equal digests mean equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _write_rank_digest(trainer, run_dir: Path) -> None:
+    if os.environ.get(RANK_DIGEST_ENV) != "1":
+        return
+    from peft import get_peft_model_state_dict
+
+    state = get_peft_model_state_dict(trainer.accelerator.unwrap_model(trainer.model))  # the adapter file's keys
+    (run_dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -509,7 +565,31 @@ def cli_train(args) -> int:
         output_dir=args.output,
         resume=args.resume,
         overrides=parse_overrides(args.set),
+        curriculum=_curriculum_from_args(args),
     )
+    if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
+        return 0
     plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
     print("\n" + result.summary() + f"\nplot: {plot}")
     return 0
+
+
+def _curriculum_from_args(args):
+    """A ``Curriculum`` from ``--curriculum``/``--curriculum-order``/``--zero-variance``, or None without a file."""
+    order, zero_variance = getattr(args, "curriculum_order", None), getattr(args, "zero_variance", None)
+    if not getattr(args, "curriculum", None):
+        if order or zero_variance:
+            raise GrpoKitError(
+                "--curriculum-order and --zero-variance need the scores file: --curriculum scores.jsonl "
+                "(write it with grpo-kit curriculum --data DATA)."
+            )
+        return None
+    from grpo_kit.curriculum import Curriculum
+
+    return Curriculum(args.curriculum, order=order or "entropy", zero_variance=zero_variance or "keep")
+
+
+def _is_main_process() -> bool:
+    from accelerate import PartialState
+
+    return PartialState().is_main_process

@@ -1,0 +1,156 @@
+"""Sample M completions per training prompt and score them with the run's rewards (for ``grpo_kit.curriculum``).
+
+A *sampler* is any ``fn(prompts, samples) -> list[list[str]]`` (one list of ``samples`` completion texts per prompt),
+so the scoring can be tested with a fake one. ``hf_sampler`` is the real one: Hugging Face ``generate`` with left
+padding, sampling at the training temperature, on whatever device the model sits on (a CPU is fine for the embedded
+model and short completions). Heavy imports (torch) stay inside functions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from grpo_kit.curriculum import PromptScore, final_number
+
+#: ``fn(prompts, samples) -> list[list[str]]``: ``samples`` completions for each prompt, in prompt order.
+Sampler = Callable[[Sequence, int], list[list[str]]]
+
+
+def weighted_rewards(completions: Sequence[str], funcs, weights: Sequence[float], **columns) -> list[float]:
+    """Each completion's reward total, as TRL sums it: ``sum_k w_k f_k`` over the functions that returned a number.
+
+    A ``None`` from a function means "not applicable" and is skipped; a completion no function scores gets NaN.
+    ``columns`` are passed to every function as keyword lists (``answer=[...]``, ``prefill=[...]``, ...).
+
+    >>> weighted_rewards(["a", "bb"], [lambda c, **k: [len(x) for x in c], lambda c, **k: [1.0, None]], [2.0, 1.0])
+    [3.0, 4.0]
+    """
+    outputs = [fn(list(completions), **columns) for fn in funcs]
+    totals = []
+    for i in range(len(completions)):
+        values = [w * out[i] for w, out in zip(weights, outputs, strict=True) if out[i] is not None]
+        totals.append(float(sum(values)) if values else math.nan)
+    return totals
+
+
+def score_dataset(dataset, sampler: Sampler, *, samples: int, reward_spec: str | Sequence[str]) -> list[PromptScore]:
+    """Sample ``samples`` completions per row of a ``format_for_grpo`` dataset and score each one.
+
+    Every row yields a ``PromptScore``: the final numbers of its samples (prefill + completion, as the rewards read
+    them) and their weighted rewards under ``reward_spec`` (e.g. ``"tag_progress:1,correctness:0.25"``).
+    """
+    from grpo_kit.rewards import parse_reward_spec
+
+    funcs, weights, names = parse_reward_spec(reward_spec)
+    spec = ",".join(f"{name}:{weight:g}" for name, weight in zip(names, weights, strict=True))
+    rows = dataset.to_list()
+    outputs = sampler([row["prompt"] for row in rows], samples)
+    scores = []
+    for row, texts in zip(rows, outputs, strict=True):
+        prefill = row.get("prefill") or ""
+        columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+        rewards = weighted_rewards(texts, funcs, weights, prompts=[row["prompt"]] * len(texts), **columns)
+        scores.append(
+            PromptScore(
+                question=row["question"],
+                gold=row.get("answer"),
+                answers=tuple(final_number(prefill + text) for text in texts),
+                rewards=tuple(rewards),
+                reward_spec=spec,
+            )
+        )
+    return scores
+
+
+def render_prompt_text(prompt, tokenizer) -> str:
+    """The text a model continues, to be tokenized with special tokens as TRL tokenizes string prompts: a string
+    prompt as is, a message list through ``data.render_prompt`` (chat template + generation prompt, no double BOS).
+    """
+    from grpo_kit.data import render_prompt
+
+    return prompt if isinstance(prompt, str) else render_prompt(prompt, tokenizer)
+
+
+def hf_sampler(
+    model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, batch_size: int = 4, seed: int = 0,
+    progress: bool = True,
+) -> Sampler:
+    """A sampler backed by ``model.generate``: ``batch_size`` prompts per call, ``samples`` sequences each.
+
+    Input ids per call: ``(batch, longest_prompt)``; output ``(batch * samples, longest_prompt + new)``. Seeded
+    once per sampler call, so a rerun with the same seed draws the same answers.
+    """
+
+    def sample(prompts: Sequence, samples: int) -> list[list[str]]:
+        import torch
+        from tqdm.auto import tqdm
+
+        torch.manual_seed(seed)
+        stops = _stop_ids(model, tokenizer)
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+        device = next(model.parameters()).device
+        texts = [render_prompt_text(p, tokenizer) for p in prompts]
+        old_side, tokenizer.padding_side = tokenizer.padding_side, "left"
+        results: list[list[str]] = []
+        try:
+            for start in tqdm(range(0, len(texts), batch_size), desc="sampling", unit="batch", disable=not progress):
+                batch = texts[start : start + batch_size]
+                inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
+                with torch.no_grad():
+                    out = model.generate(
+                        **inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=1.0,
+                        top_k=0, num_return_sequences=samples, eos_token_id=stops, pad_token_id=pad_id,
+                    )
+                decoded = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
+                results.extend(decoded[i * samples : (i + 1) * samples] for i in range(len(batch)))
+        finally:
+            tokenizer.padding_side = old_side
+        return results
+
+    return sample
+
+
+def _stop_ids(model, tokenizer) -> list[int]:
+    ids: list[int] = []
+    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (config_eos, tokenizer.eos_token_id):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def score_with_model(
+    preset, *, data: str, model: str | None = None, rewards: str | None = None, samples: int = 4,
+    max_new_tokens: int | None = None, temperature: float | None = None, limit: int | None = None,
+    batch_size: int = 4, seed: int = 0, progress: bool = True,
+) -> list[PromptScore]:
+    """Score the training questions of ``data`` with ``model`` (default: the preset's), prompts formatted as training
+    formats them (``preset.few_shot``, ``preset.prefill``), completions as long and as hot as training samples them.
+    """
+    import torch
+
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.models import load_inference_model
+    from grpo_kit.runtime import set_torch_threads
+
+    set_torch_threads()
+    policy, tokenizer = load_inference_model(model or preset.model)
+    if torch.cuda.is_available():
+        policy = policy.to("cuda")
+    dataset = load_gsm8k(data, split="train", limit=limit, seed=seed)
+    formatted, _ = format_for_grpo(
+        dataset, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill, max_prompt_tokens=preset.max_prompt_length
+    )
+    sampler = hf_sampler(
+        policy,
+        tokenizer,
+        max_new_tokens=max_new_tokens or preset.max_completion_length,
+        temperature=temperature or preset.temperature,
+        batch_size=batch_size,
+        seed=seed,
+        progress=progress,
+    )
+    spec = rewards or ",".join(f"{name}:{weight:g}" for name, weight in preset.rewards)
+    return score_dataset(formatted, sampler, samples=samples, reward_spec=spec)

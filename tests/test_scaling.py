@@ -1,0 +1,132 @@
+"""Beyond one process and beyond vanilla GRPO: accelerate configs, a real 2-process CPU run, loss variants."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.presets import LOSS_VARIANTS, get_preset, loss_variant_config
+from grpo_kit.train import build_grpo_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs" / "accelerate"
+
+
+# ------------------------------------------------------------------------------------------------ accelerate configs
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "stage"),
+    [("cpu-2proc", "MULTI_GPU", None), ("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)],
+)
+def test_shipped_accelerate_configs_load(name, kind, stage):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / f"{name}.yaml"))  # unknown keys would raise here
+    assert config.distributed_type.name == kind
+    assert config.num_machines == 1 and config.main_process_port == 0  # 0: accelerate picks a free port
+    if stage is not None:
+        assert config.deepspeed_config["zero_stage"] == stage
+    assert config.use_cpu is (name == "cpu-2proc")
+
+
+# ------------------------------------------------------------------------------------------------ loss variants
+
+
+@pytest.mark.parametrize("name", list(LOSS_VARIANTS))
+def test_each_loss_variant_builds_a_trl_config_with_its_fields(name, tmp_path):
+    fields, explanation = LOSS_VARIANTS[name]
+    config = build_grpo_config(get_preset("cpu", loss_type=name), tmp_path, on_cpu=True)
+    for key, value in fields.items():
+        assert getattr(config, key) == value
+    assert explanation and "\n" not in explanation and len(explanation) < 240
+
+
+def test_gspo_is_grpo_with_sequence_level_ratios(tmp_path):
+    config = build_grpo_config(get_preset("cpu", loss_type="gspo"), tmp_path, on_cpu=True)
+    assert (config.loss_type, config.importance_sampling_level) == ("grpo", "sequence")
+    plain = build_grpo_config(get_preset("cpu", loss_type="grpo"), tmp_path, on_cpu=True)
+    assert plain.importance_sampling_level == "token"
+
+
+def test_overrides_win_over_a_variant_and_other_trl_loss_types_pass_through(tmp_path):
+    config = build_grpo_config(get_preset("cpu", loss_type="gspo"), tmp_path, {"epsilon": 0.01}, on_cpu=True)
+    assert config.epsilon == 0.01 and config.importance_sampling_level == "sequence"
+    assert loss_variant_config("cispo") == {"loss_type": "cispo"}
+    assert build_grpo_config(get_preset("cpu", loss_type="cispo"), tmp_path, on_cpu=True).loss_type == "cispo"
+    with pytest.raises(GrpoKitError, match="gspo"):  # TRL would only notice at the first loss computation
+        build_grpo_config(get_preset("cpu", loss_type="no_such_loss"), tmp_path, on_cpu=True)
+
+
+def test_cli_loss_type_accepts_every_variant_and_nothing_else(capsys):
+    from grpo_kit.cli import build_parser
+
+    parser = build_parser()
+    for name in LOSS_VARIANTS:
+        assert parser.parse_args(["train", "--loss-type", name]).loss_type == name
+    with pytest.raises(SystemExit):
+        parser.parse_args(["train", "--loss-type", "ppo"])
+    assert "gspo" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ 2 processes on CPU
+
+# The CLI with one extra reward registered: random text from a tiny model earns 0 under every built-in reward, and
+# a run where every group is flat has zero gradients, so nothing would show that the two copies trained together.
+LAUNCHER = """
+import sys
+
+from grpo_kit.cli import main
+from grpo_kit.rewards import REWARDS
+
+
+def char_codes(completions, **kwargs):
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [sum(map(ord, text)) / 10000 for text in texts]
+
+
+REWARDS["char_codes"] = char_codes
+raise SystemExit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
+    """`accelerate launch` with 2 CPU processes (gloo): it completes, both ranks end with the same LoRA weights,
+    those weights are what the adapter file holds, training moved them, and the run files were written once."""
+    from safetensors.torch import load_file
+
+    from grpo_kit.train import RANK_DIGEST_ENV, read_metrics, weights_digest
+
+    launcher = tmp_path / "launch_train.py"
+    launcher.write_text(LAUNCHER)
+    run_dir = tmp_path / "run"
+    command = [
+        str(Path(sys.executable).with_name("accelerate")), "launch",
+        "--config_file", str(CONFIGS / "cpu-2proc.yaml"),
+        str(launcher), "train", "--preset", "cpu", "--model", str(tiny_model_dir), "--data", "arithmetic",
+        "--rewards", "char_codes", "--max-steps", "2", "--num-generations", "2",
+        "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
+        "--set", "learning_rate=0.05", "--output", str(run_dir),
+    ]  # fmt: skip
+    env = {**os.environ, RANK_DIGEST_ENV: "1", "GRPO_KIT_THREADS": "1", "OMP_NUM_THREADS": "1",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+    digests = [(run_dir / f"rank-{rank}.digest").read_text() for rank in (0, 1)]
+    adapter = load_file(run_dir / "adapter" / "adapter_model.safetensors")
+    assert digests[0] == digests[1] == weights_digest(adapter)
+    assert any(t.abs().max() > 0 for name, t in adapter.items() if "lora_B" in name)  # LoRA B starts at zero
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    assert [row["step"] for row in rows] == [1, 2]  # logged by the main process only
+    assert rows[0]["frac_reward_zero_std"] < 1.0  # groups had reward variance, so there was a gradient
+    assert json.loads((run_dir / "run.json").read_text())["rewards"] == ["char_codes"]
+    assert not (run_dir / ".adapter.tmp").exists()
+    assert done.stdout.count("steps: 2") == 1  # one summary, from the main process
