@@ -47,6 +47,7 @@ def _add_train(sub) -> None:
     p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
     p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
+    p.add_argument("--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping")
     p.add_argument("--loss-type", choices=list(LOSS_VARIANTS), help="GRPO loss variant (docs/SCALING.md explains each)")
     p.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
     p.add_argument("--num-generations", type=int, help="completions sampled per prompt (the group size G)")

@@ -287,9 +287,9 @@ def _hub_records(split: str) -> Iterator[tuple[str, Any]]:
         raise GrpoKitError(
             f"Could not load {HUB_DATASET} (config {HUB_CONFIG!r}, split {split!r}) from the Hugging Face Hub or "
             f"its cache: {type(err).__name__}: {str(err)[:200]}\n"
-            "Check your network connection (and that HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set), or train "
+            "Check your network connection (and that HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set), or work "
             "without the Hub:\n"
-            "  - the bundled sample:  --data sample   (load_gsm8k('sample', 'train'))\n"
+            f"  - the bundled sample:  --data sample   (load_gsm8k('sample', {split!r}))\n"
             "  - a local file:        --data path/to/train.jsonl   (.jsonl, .json or .parquet with 'question' and "
             "'answer' fields, the answer ending in '#### N')"
         ) from err
@@ -333,7 +333,7 @@ def _jsonl_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
     for number, raw in enumerate(data.split(b"\n"), start=1):
         where = f"line {number}"
         try:
-            line = raw.decode("utf-8")
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM (Windows "UTF-8 with BOM") is fine
         except UnicodeDecodeError as err:
             yield where, ValueError(f"bytes that are not UTF-8 at column {err.start + 1}; save the file as UTF-8")
             continue
@@ -348,7 +348,7 @@ def _jsonl_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
 def _json_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
     """A JSON array of objects (or ``{"data": [...]}``); a file that is really JSON lines is read as such."""
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
         raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as UTF-8.") from err
@@ -401,7 +401,7 @@ def _validate(records: Iterable[tuple[str, Any]], label: str, *, lenient: bool) 
         except ValueError as err:
             if not lenient:
                 raise GrpoKitError(
-                    f"{label}, {where}: {err}. Fix that row, or load with lenient=True to skip bad rows (they are counted and reported)."
+                    f"{label}, {where}: {err}. Fix that row, or load with lenient=True (grpo-kit train --lenient) to skip bad rows (they are counted and reported)."
                 ) from None
             skipped += 1
             notes.append(f"{where}: {err}")

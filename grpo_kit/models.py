@@ -217,8 +217,17 @@ def _from_pretrained(cls, model_id: str, **kwargs):
     try:
         return cls.from_pretrained(model_id, **kwargs)
     except (OSError, ValueError) as error:
-        if Path(model_id).exists():
-            raise
+        if Path(model_id).exists():  # a local folder, but not a complete model (e.g. --model pointed at a run folder)
+            raise GrpoKitError(
+                f"Could not load the local folder '{model_id}' as a model: {str(error).splitlines()[0]}\n"
+                "A model folder holds config.json, the weights (*.safetensors) and the tokenizer files, as written by "
+                "save_pretrained (a merged16 export is one). Offline, use the embedded CPU model: --model embedded."
+            ) from error
+        if model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not a Hub id ("org/name")
+            raise GrpoKitError(
+                f"No model folder at '{model_id}'. Check the path, or pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct "
+                "or --model embedded (the CPU model that ships with the kit)."
+            ) from None
         raise GrpoKitError(
             f"Could not load model '{model_id}': {str(error).splitlines()[0]}\n"
             "Check the id (e.g. Qwen/Qwen2.5-1.5B-Instruct) and your network/HF_TOKEN, or pass a local folder. "

@@ -166,6 +166,7 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
         reward_weights=[float(w) for _, w in preset.rewards] + [0.0],  # + the format_rate metric (weight 0)
         remove_unused_columns=False,
         dataloader_num_workers=0,
+        logging_nan_inf_filter=False,  # a NaN/inf loss must reach the logs, where guards.NumericsGuard stops the run
     )
     if preset.use_vllm:
         values["vllm_mode"] = "colocate"
@@ -348,6 +349,7 @@ def train(
     overrides: dict[str, Any] | None = None,
     callbacks: tuple = (),
     curriculum=None,
+    lenient: bool = False,
 ) -> TrainResult:
     """Train a GRPO LoRA adapter: ``preset`` recipe, ``data`` prompts, ``rewards`` by name. See the module docstring.
 
@@ -355,11 +357,14 @@ def train(
     question/answer columns) replaces ``data`` when given. ``resume=True`` continues from the latest complete
     checkpoint in ``output_dir``; without it, an existing non-empty run folder is refused rather than overwritten.
     ``curriculum`` (a ``grpo_kit.curriculum.Curriculum``) orders/filters the prompts by their offline scores.
+    ``lenient=True`` skips bad data rows (counted, and announced with a warning) instead of stopping at the first.
     Under ``accelerate launch`` every process runs this function; only the main process writes the run files.
     """
     from trl import GRPOTrainer
 
     from grpo_kit.compat import ensure_logprob_kernel
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
     from grpo_kit.models import load_model
     from grpo_kit.rewards import parse_reward_spec
     from grpo_kit.runtime import detect_device, set_torch_threads
@@ -379,15 +384,20 @@ def train(
     check_device(preset, detect_device())  # settings are checked before any weights load
     run_dir = Path(output_dir or Path("runs") / f"{preset.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     config = build_grpo_config(preset, run_dir, overrides)
+    source = data if dataset is None else "the dataset passed to train()"
+    if dataset is None:  # an offline Hub or a bad file is reported before any weights load
+        dataset = load_gsm8k(data, split="train", lenient=lenient)  # lenient: bad rows skipped, counted, warned
+    check_dataset_size(len(dataset), config, source=source)
     checkpoint = _prepare_run_dir(run_dir, resume)
     _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
     is_main = config.process_index == 0
 
     policy, tokenizer = load_model(preset, model=model)
-    train_set, _ = prepare_dataset(preset, tokenizer, data, dataset)
+    train_set, n_long = prepare_dataset(preset, tokenizer, data, dataset)
     curriculum_report = None
     if curriculum is not None:
         train_set, curriculum_report = curriculum.apply(train_set)
+    check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=preset.max_prompt_length)
     metrics_path = run_dir / "metrics.jsonl"
     if checkpoint is not None and is_main:
         truncate_metrics(metrics_path, _checkpoint_step(checkpoint))
@@ -398,14 +408,15 @@ def train(
 
     trainer = GRPOTrainer(
         model=policy,
-        reward_funcs=[*funcs, format_rate],
+        reward_funcs=guard_rewards([*funcs, format_rate], run_dir),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[make_metrics_logger(metrics_path), *callbacks],
+        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), *callbacks],
     )
     start = time.time()
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.time() - start
     adapter_dir = _save_adapter(trainer, tokenizer, run_dir)
     _write_rank_digest(trainer, run_dir)
@@ -566,6 +577,7 @@ def cli_train(args) -> int:
         resume=args.resume,
         overrides=parse_overrides(args.set),
         curriculum=_curriculum_from_args(args),
+        lenient=getattr(args, "lenient", False),
     )
     if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
         return 0

@@ -1,0 +1,281 @@
+"""Reliability, issue 7 parts 2, 3 and 5: odd data, bad settings, no network.
+
+Each case goes through ``grpo-kit train``/``eval`` (``cli.main``) as a user would meet it and expects exit status 2,
+a short message that names the problem and the fix, no traceback, and, for everything that can be known in
+advance, no model loaded. Loader-level cases (every kind of bad row, lenient counting, duplicates, Parquet) live in
+tests/test_data.py; these tests check that they reach the user the same way through the CLI and ``train()``.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from grpo_kit.cli import main
+from grpo_kit.data import load_gsm8k
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.guards import check_dataset_size
+from grpo_kit.presets import get_preset
+from grpo_kit.runtime import DeviceInfo
+from grpo_kit.train import build_grpo_config, train
+
+MAX_ERROR_LINES = 15
+TINY_SET = ["--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0"]
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if any weights are loaded: these problems must be caught before."""
+    import grpo_kit.models as models
+
+    def refuse(*args, **kwargs):
+        pytest.fail("a model was loaded before the problem was reported")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_inference_model", refuse)
+
+
+def _cli_error(capsys, argv) -> str:
+    """Run the CLI, expect exit status 2 and a short, traceback-free message on stderr; return it."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    err = captured.err
+    assert code == 2, f"exit {code}\nstdout: {captured.out[-2000:]}\nstderr: {err[-2000:]}"
+    assert "grpo-kit: error: " in err
+    assert "Traceback" not in err and "Traceback" not in captured.out
+    assert err.count("\n") < MAX_ERROR_LINES, err  # progress bars redraw with \r: count real lines only
+    return err[err.index("grpo-kit: error: ") :]
+
+
+def _jsonl(path, lines: list[bytes]):
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+GOOD = json.dumps({"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}).encode()
+
+
+# ------------------------------------------------------------------------------------------------ bad data
+
+
+@pytest.mark.parametrize(
+    ("lines", "where", "reason"),
+    [
+        ([GOOD, b'{"question": "Q?", "answer": "#### 1"', GOOD], "line 2", "not valid JSON"),
+        ([GOOD, GOOD.replace(b"question", b"prompt")], "line 2", "missing field(s) ['question']"),
+        ([GOOD, b'{"question": "Q2?", "answer": "#### seven"}'], "line 2", "not a number"),
+        ([GOOD, b'{"question": "Q2?", "answer": null}'], "line 2", "missing"),
+        ([GOOD, b'{"question": "Q2?", "solution": "#### 2"}'], "line 2", "missing field(s) ['answer']"),
+        ([GOOD, b'{"question": "caf\xe9?", "answer": "#### 2"}'], "line 2", "not UTF-8"),
+        ([GOOD, json.dumps({"question": "Q2?", "answer": "#### 2"}).encode("utf-16")], "line 2", "not UTF-8"),
+    ],
+)
+def test_bad_rows_stop_train_with_file_and_line(tmp_path, capsys, no_model_load, lines, where, reason):
+    path = _jsonl(tmp_path / "train.jsonl", lines)
+    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run")])
+    assert str(path) in err and where in err and reason in err
+    assert "--lenient" in err  # the way out is named
+    assert not (tmp_path / "run").exists()  # nothing was created for a run that cannot start
+
+
+def test_lenient_train_skips_and_counts_bad_rows(tmp_path, monkeypatch):
+    """With --lenient the bad rows are skipped with a counted warning and training goes on to the model load."""
+    import grpo_kit.models as models
+
+    class Loaded(Exception):
+        pass
+
+    def stop_at_model_load(*args, **kwargs):
+        raise Loaded
+
+    monkeypatch.setattr(models, "load_model", stop_at_model_load)
+    good = [json.dumps({"question": f"Q{i}?", "answer": f"#### {i}"}).encode() for i in range(4)]
+    path = _jsonl(tmp_path / "train.jsonl", [*good, b"{broken", good[0], b'{"question": "Q9?", "answer": "x"}'])
+    with pytest.warns(UserWarning, match=r"kept 4 of 7 rows; skipped 2 bad row\(s\), dropped 1 duplicate") as caught:
+        with pytest.raises(Loaded):
+            main(["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"), "--lenient"])
+    assert "line 5" in str(caught[0].message)
+
+
+def test_empty_and_wrong_type_files(tmp_path, capsys, no_model_load):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_bytes(b"")
+    assert "is empty" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(empty)])
+    csv = tmp_path / "train.csv"
+    csv.write_text("question,answer\nQ?,1\n")
+    assert "unsupported file type '.csv'" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(csv)])
+
+
+def test_windows_files_with_bom_and_crlf_load(tmp_path):
+    path = tmp_path / "excel.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + GOOD + b"\r\n" + GOOD.replace(b"Tom", b"Ann") + b"\r\n")
+    assert load_gsm8k(str(path))["answer"] == ["7", "7"]
+    array = tmp_path / "excel.json"
+    array.write_bytes(b"\xef\xbb\xbf[" + GOOD + b"]")
+    assert load_gsm8k(str(array))["answer"] == ["7"]
+
+
+# ------------------------------------------------------------------------------------------------ too little data
+
+
+def _config(tmp_path, **changes):
+    return build_grpo_config(get_preset("cpu", **changes), tmp_path, on_cpu=True)
+
+
+def test_too_few_prompts_for_one_step_is_refused(tmp_path):
+    config = _config(tmp_path, num_generations=2, per_device_train_batch_size=4, gradient_accumulation_steps=2)
+    check_dataset_size(4, config, source="x.jsonl")  # 4 x 2 / 2 = 4 prompts per step: just enough
+    with pytest.raises(GrpoKitError) as info:
+        check_dataset_size(3, config, source="x.jsonl")
+    message = str(info.value)
+    assert "'x.jsonl' has 3 usable prompt(s)" in message and "needs 4 distinct prompts" in message
+    assert "0 steps" in message and "--data sample" in message and "per_device_train_batch_size" in message
+
+
+def test_long_prompts_dropped_are_counted(tmp_path):
+    config = _config(tmp_path, num_generations=2, per_device_train_batch_size=2)
+    with pytest.warns(UserWarning, match=r"2 prompt\(s\) longer than max_prompt_length=512 tokens were left out"):
+        check_dataset_size(5, config, source="big.jsonl", filtered=2, max_prompt_tokens=512)
+    with pytest.raises(GrpoKitError, match="after dropping 7 prompt.* raise --set max_prompt_length"):
+        check_dataset_size(0, config, source="big.jsonl", filtered=7, max_prompt_tokens=512)
+
+
+def test_dataset_smaller_than_a_generation_batch_stops_before_the_model(tmp_path, capsys, no_model_load):
+    # Without the check TRL's sampler drops the incomplete batch, trains 0 steps and saves an untrained adapter.
+    path = _jsonl(tmp_path / "one.jsonl", [GOOD])
+    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"),
+                              "--num-generations", "2", "--set", "per_device_train_batch_size=4"])  # fmt: skip
+    assert "has 1 usable prompt(s)" in err and "needs 2 distinct prompts" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_model_dir, tmp_path, monkeypatch):
+    import trl
+
+    monkeypatch.setattr(trl, "GRPOTrainer", lambda *a, **k: pytest.fail("TRL trainer built for unusable data"))
+    huge = "How many apples? " + "apple " * 40_000  # ~240k characters, tens of thousands of tokens
+    rows = [{"question": "Short one?", "answer": "#### 1"}] + [
+        {"question": f"{i} {huge}", "answer": f"#### {i}"} for i in range(3)
+    ]
+    path = tmp_path / "huge.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    preset = get_preset("cpu", model=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
+                        few_shot=0, max_completion_length=8)  # fmt: skip
+    with pytest.raises(GrpoKitError) as info:
+        train(preset, data=str(path), output_dir=tmp_path / "run")
+    message = str(info.value)
+    assert "has 1 usable prompt(s) after dropping 3 prompt(s) longer than max_prompt_length=512" in message
+    assert "max_prompt_length" in message and str(path) in message
+
+
+# ------------------------------------------------------------------------------------------------ bad settings
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--preset", "no-such-tier"], ["no-such-tier", "cpu, t4-16gb, l4-24gb", "auto"]),
+        (["--preset", "cpu", "--rewards", "correctnes,format"], ["'correctnes'", "correctness", "format", "tag_count"]),
+        (["--preset", "cpu", "--rewards", "correctness:two"], ["Bad weight", "correctness:2"]),
+        (["--preset", "cpu", "--num-generations", "3"], ["num_generations (3)", "Fix:", "multiple of 3"]),
+        (["--preset", "cpu", "--set", "learnin_rate=0.1"], ["learnin_rate", "did you mean learning_rate"]),
+        (["--preset", "cpu", "--set", "beta"], ["KEY=VALUE"]),
+        (["--preset", "t4-16gb"], ["needs a CUDA GPU", "--preset cpu", "T4 GPU"]),
+        (["--preset", "cpu", "--set", "precision=fp16"], ["needs a CUDA GPU", "fp16"]),
+    ],
+)
+def test_bad_settings_are_explained_before_any_model_loads(tmp_path, capsys, no_model_load, argv, expected):
+    err = _cli_error(capsys, ["train", *argv, "--data", "sample", "--output", str(tmp_path / "run")])
+    for text in expected:
+        assert text in err, (text, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_load):
+    import grpo_kit.runtime as runtime
+
+    monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "Tesla T4", 14.7, bf16=False))
+    with pytest.raises(GrpoKitError, match="no bf16 support.*precision=fp16.*t4-16gb"):
+        train(get_preset("l4-24gb"), data="sample", output_dir=tmp_path / "run")
+
+
+def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, no_model_load):
+    import grpo_kit.runtime as runtime
+
+    # An 8 GB bf16 card asked to run the A100-80GB recipe (8B bf16 weights, 64 completions of 1024 tokens).
+    monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))
+    with pytest.warns(UserWarning, match="VRAM planner") as caught:
+        with pytest.raises(GrpoKitError):  # then this CPU-only machine cannot build a bf16 config either
+            train(get_preset("a100-80gb"), data="sample", output_dir=tmp_path / "run")
+    message = str(caught[0].message)
+    assert "needs about" in message and "7.8 GiB" in message and "Try:" in message and "smaller preset" in message
+
+
+def test_model_folder_that_is_not_a_model(tmp_path, capsys):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("not a model")
+    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "notes"), "--data", "sample", "--limit", "1"])
+    assert "as a model" in err and "config.json" in err and "--model embedded" in err
+    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "missing"), "--data", "sample", "--limit", "1"])
+    assert "No model folder at" in err and "--model embedded" in err
+
+
+# ------------------------------------------------------------------------------------------------ offline
+
+
+@pytest.fixture
+def empty_hub_cache(monkeypatch, tmp_path):
+    """Offline (conftest sets HF_HUB_OFFLINE) with empty caches, so nothing cached on this machine can answer."""
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert datasets.config.HF_HUB_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
+
+
+def test_offline_train_on_gsm8k_says_how_to_use_local_data(tmp_path, capsys, empty_hub_cache, no_model_load):
+    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", "gsm8k", "--output", str(tmp_path / "run")])
+    assert "openai/gsm8k" in err and "--data sample" in err and ".jsonl" in err
+
+
+def test_offline_eval_of_a_hub_model_says_how_to_use_the_embedded_one(capsys, empty_hub_cache):
+    err = _cli_error(capsys, ["eval", "--model", "Qwen/Qwen2.5-1.5B-Instruct", "--data", "sample", "--limit", "1"])
+    assert "Qwen/Qwen2.5-1.5B-Instruct" in err and "--model embedded" in err
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """A machine with no network at all, and offline mode NOT switched on: any Hub call would try, and fail here."""
+    import datasets
+    import huggingface_hub
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args[:2]}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+
+
+@pytest.mark.slow
+def test_embedded_model_and_bundled_sample_need_no_network(embedded_dir, no_network):
+    import torch
+
+    from grpo_kit.data import build_messages, render_prompt
+    from grpo_kit.models import load_inference_model
+
+    train_rows, test_rows = load_gsm8k("sample", "train"), load_gsm8k("sample", "test")
+    assert len(train_rows) == 50 and len(test_rows) == 22
+    assert len(load_gsm8k("arithmetic", "train")) == 256
+    model, tokenizer = load_inference_model("embedded")
+    ids = tokenizer(render_prompt(build_messages(test_rows[0]["question"]), tokenizer), return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=3, do_sample=False)
+    assert out.shape[1] == ids["input_ids"].shape[1] + 3

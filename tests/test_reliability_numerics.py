@@ -1,0 +1,205 @@
+"""Reliability, issue 7 part 7: NaN/inf in the loss, the gradients, a reward or the weights stops the run with the step.
+
+TRL alone trains on: it reads a NaN reward as "not applicable" (nansum, advantages nan_to_num) and transformers
+hides a NaN loss from the logs. These tests break each number on purpose and expect ``NumericsError``.
+"""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.guards import (
+    CheckedReward,
+    NumericsError,
+    NumericsGuard,
+    guard_numerics,
+    guard_rewards,
+    is_finite_number,
+    non_finite,
+)
+from grpo_kit.presets import get_preset
+from grpo_kit.train import build_grpo_config, read_metrics, train
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _state(step):
+    return SimpleNamespace(global_step=step)
+
+
+def _args(fp16=False):
+    return SimpleNamespace(fp16=fp16)
+
+
+# ------------------------------------------------------------------------------------------------ unit
+
+
+def test_non_finite_checks_loss_grad_norm_and_every_reward():
+    logs = {"loss": 0.1, "grad_norm": INF, "reward": 0.5, "rewards/correctness/mean": NAN, "rewards/format/std": NAN,
+            "learning_rate": NAN, "epoch": 1.0}  # fmt: skip
+    assert [name for name, _ in non_finite(logs)] == ["grad_norm", "reward/correctness"]
+    assert non_finite({"loss": 0.0, "reward": -1.5, "rewards/x/mean": 2}) == []
+
+
+@pytest.mark.parametrize("metric", ["loss", "reward", "rewards/correctness/mean"])
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_guard_raises_on_the_first_bad_log_with_step_and_metric(metric, value, tmp_path):
+    guard = NumericsGuard(run_dir=tmp_path)
+    guard.on_log(_args(), _state(6), None, logs={"loss": 0.2, "reward": 0.1})  # a healthy step passes
+    with pytest.raises(NumericsError) as info:
+        guard.on_log(_args(), _state(7), None, logs={"loss": 0.2, "reward": 0.1, metric: value})
+    error = info.value
+    assert isinstance(error, GrpoKitError)  # the CLI prints it without a traceback, exit status 2
+    assert error.step == 7 and error.metric == metric.replace("rewards/", "reward/").replace("/mean", "")
+    assert "at step 7" in str(error) and error.metric in str(error)
+    assert "No complete checkpoint" in str(error)  # and says whether there is one to resume from
+
+
+def test_guard_points_at_the_last_complete_checkpoint(tmp_path):
+    (tmp_path / "checkpoint-4").mkdir()
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
+    (tmp_path / "checkpoint-4" / "adapter_model.safetensors").write_bytes(b"x")
+    (tmp_path / "checkpoint-5").mkdir()  # half-written: not offered
+    with pytest.raises(NumericsError) as info:
+        NumericsGuard(tmp_path).on_log(_args(), _state(5), None, logs={"loss": NAN})
+    message = str(info.value)
+    assert "checkpoint-4" in message and "checkpoint-5" not in message and "--resume" in message
+    assert "learning rate" in message  # the fix is spelled out
+
+
+def test_grad_norm_patience_under_fp16_loss_scaling():
+    # fp16's loss scaler skips steps with inf gradients on purpose: a few in a row are normal, not a failure.
+    guard = NumericsGuard()
+    guard.on_log(_args(fp16=True), _state(1), None, logs={"grad_norm": INF})
+    guard.on_log(_args(fp16=True), _state(2), None, logs={"grad_norm": INF})
+    guard.on_log(_args(fp16=True), _state(3), None, logs={"grad_norm": 1.0})  # the streak is broken
+    guard.on_log(_args(fp16=True), _state(4), None, logs={"grad_norm": NAN})
+    guard.on_log(_args(fp16=True), _state(5), None, logs={"grad_norm": NAN})
+    with pytest.raises(NumericsError, match="grad_norm is nan at step 6"):
+        guard.on_log(_args(fp16=True), _state(6), None, logs={"grad_norm": NAN})
+    with pytest.raises(NumericsError, match="at step 1"):  # fp32/bf16: no scaler, the first one is fatal
+        NumericsGuard().on_log(_args(), _state(1), None, logs={"grad_norm": INF})
+
+
+def test_checked_reward_passes_finite_and_none_and_rejects_nan_inf():
+    def mixed(completions, **kwargs):
+        return kwargs["values"]
+
+    checked = CheckedReward(mixed)
+    assert checked.__name__ == "mixed"  # TRL logs rewards/<__name__>/mean
+    assert checked(["a", "b", "c"], values=[1, 0.5, None]) == [1, 0.5, None]  # None = "not applicable" in TRL
+    with pytest.raises(NumericsError) as info:
+        checked(completions=["ok", "bad one"], values=[0.0, INF], trainer_state=_state(11))
+    assert info.value.step == 12 and info.value.metric == "reward/mixed"
+    assert "completion 1" in str(info.value) and "'bad one'" in str(info.value)
+    assert [is_finite_number(v) for v in (1, 2.5, NAN, -INF, None, "1")] == [True, True, False, False, False, False]
+
+
+def test_guard_rewards_wraps_plain_functions_only():
+    import torch
+
+    async def remote(completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    def plain(completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    module = torch.nn.Linear(1, 1)
+    wrapped = guard_rewards([plain, remote, module])
+    assert isinstance(wrapped[0], CheckedReward) and wrapped[1] is remote and wrapped[2] is module
+    assert guard_rewards(wrapped)[0] is wrapped[0]  # not wrapped twice
+
+
+def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):
+    trainer = SimpleNamespace(state=_state(8))
+    with pytest.raises(NumericsError, match="at step 9") as info:
+        with guard_numerics(trainer, tmp_path):
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+    assert isinstance(info.value.__cause__, RuntimeError)
+    with pytest.raises(RuntimeError, match="unrelated"):  # other errors keep their traceback
+        with guard_numerics(trainer, tmp_path):
+            raise RuntimeError("unrelated")
+
+
+def test_nan_losses_reach_the_logs(tmp_path):
+    # transformers' default logging_nan_inf_filter would replace a NaN loss by the running mean before any callback.
+    assert build_grpo_config(get_preset("cpu"), tmp_path, on_cpu=True).logging_nan_inf_filter is False
+
+
+# ------------------------------------------------------------------------------------------------ real runs
+
+
+def _tiny(tiny_model_dir, **changes):
+    settings = dict(model=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=2,
+                    gradient_accumulation_steps=1, max_completion_length=8, learning_rate=0.05, save_steps=1,
+                    logging_steps=1, few_shot=0)  # fmt: skip
+    settings.update(changes)
+    return get_preset("cpu", **settings)
+
+
+def varied(completions, **kwargs):
+    """Completion length / 100: random text always varies, so every group has an advantage to learn from."""
+    return [len(c[-1]["content"] if isinstance(c, list) else c) / 100 for c in completions]
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    from grpo_kit.rewards import REWARDS
+
+    monkeypatch.setitem(REWARDS, "varied", varied)
+    return "varied"
+
+
+def nan_after_first_step(completions, trainer_state=None, **kwargs):
+    """Healthy on step 1, then NaN for one completion per batch (TRL's nanmean would hide it in the logged mean)."""
+    broken = trainer_state is not None and trainer_state.global_step >= 1
+    return [NAN if broken and i == 1 else 0.1 * i for i in range(len(completions))]
+
+
+@pytest.mark.slow
+def test_nan_reward_stops_the_run_at_its_step(tiny_model_dir, tmp_path, monkeypatch):
+    from grpo_kit.rewards import REWARDS
+
+    monkeypatch.setitem(REWARDS, "nan_after_first_step", nan_after_first_step)
+    run_dir = tmp_path / "run"
+    with pytest.raises(NumericsError) as info:
+        train(_tiny(tiny_model_dir), data="arithmetic", output_dir=run_dir, rewards="nan_after_first_step")
+    assert info.value.step == 2 and info.value.metric == "reward/nan_after_first_step"
+    assert "checkpoint-1" in str(info.value)  # the last good checkpoint, to resume from
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1]
+    assert not (run_dir / "checkpoint-2").exists() and not (run_dir / "adapter").exists()
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path, varied_reward):
+    """NaN in the training forward pass only (generation runs without grad and stays healthy)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class PoisonLoss(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            norm = model.get_base_model().model.norm
+            norm.register_forward_hook(lambda module, inputs, out: out * NAN if torch.is_grad_enabled() else out)
+
+    run_dir = tmp_path / "run"
+    with pytest.raises(NumericsError) as info:
+        train(_tiny(tiny_model_dir), data="arithmetic", output_dir=run_dir, rewards=varied_reward, callbacks=(PoisonLoss(),))
+    assert info.value.step == 1 and info.value.metric == "loss" and math.isnan(info.value.value)
+    assert not (run_dir / "checkpoint-1").exists()  # raised before the step's checkpoint: nothing broken is saved
+    assert "No complete checkpoint" in str(info.value)
+
+
+@pytest.mark.slow
+def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir, tmp_path, varied_reward):
+    """lr 1e30 without clipping: step 1 blows the weights up, step 2's generation then samples from NaN."""
+    run_dir = tmp_path / "run"
+    preset = _tiny(tiny_model_dir, learning_rate=1e30, max_grad_norm=0.0)
+    with pytest.raises(NumericsError) as info:
+        train(preset, data="arithmetic", output_dir=run_dir, rewards=varied_reward)
+    assert info.value.step == 2
+    message = str(info.value)
+    assert "at step 2" in message and "learning rate" in message and "checkpoint-1" in message
