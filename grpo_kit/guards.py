@@ -237,9 +237,17 @@ def is_sampling_nan_error(error: BaseException) -> bool:
 
 @contextlib.contextmanager
 def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
-    """Around ``trainer.train()``: a sampling error caused by NaN/inf weights becomes a ``NumericsError``."""
+    """Around ``trainer.train()``: the two mid-run failures a user can act on get a message instead of a traceback.
+
+    A sampling error caused by NaN/inf weights becomes a ``NumericsError``; CUDA running out of memory becomes a
+    ``GrpoKitError`` listing the settings that lower memory and the checkpoint to resume from.
+    """
+    import torch
+
     try:
         yield
+    except torch.OutOfMemoryError as error:
+        raise GrpoKitError(oom_message(trainer.state.global_step + 1, error, run_dir)) from error
     except RuntimeError as error:
         if not is_sampling_nan_error(error):
             raise
@@ -251,6 +259,17 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
             metric="sampling",
             value=str(error).splitlines()[0],
         ) from error
+
+
+def oom_message(step: int, error: BaseException, run_dir: str | os.PathLike | None) -> str:
+    """What to change when the GPU ran out of memory mid-run (the VRAM planner's estimate was too optimistic)."""
+    return (
+        f"The GPU ran out of memory at step {step} ({str(error).splitlines()[0][:160]}). Lower the memory a step "
+        "needs: shorter completions (--set max_completion_length=N), fewer completions per forward pass "
+        "(--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller group "
+        "(--num-generations), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), or a smaller preset/model; "
+        "`grpo-kit presets --plan NAME` shows the estimate (docs/VRAM.md)." + _checkpoint_hint(run_dir, True)
+    )
 
 
 # --------------------------------------------------------------------------------------------- data size

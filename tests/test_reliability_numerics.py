@@ -38,6 +38,14 @@ def _args(fp16=False):
 # ------------------------------------------------------------------------------------------------ unit
 
 
+def test_docstring_examples_run():
+    import doctest
+
+    import grpo_kit.guards
+
+    assert doctest.testmod(grpo_kit.guards).failed == 0
+
+
 def test_non_finite_checks_loss_grad_norm_and_every_reward():
     logs = {"loss": 0.1, "grad_norm": INF, "reward": 0.5, "rewards/correctness/mean": NAN, "rewards/format/std": NAN,
             "learning_rate": NAN, "epoch": 1.0}  # fmt: skip
@@ -123,6 +131,23 @@ def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):
     with pytest.raises(RuntimeError, match="unrelated"):  # other errors keep their traceback
         with guard_numerics(trainer, tmp_path):
             raise RuntimeError("unrelated")
+
+
+def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path):
+    import torch
+
+    (tmp_path / "checkpoint-20").mkdir()
+    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
+    (tmp_path / "checkpoint-20" / "adapter_model.safetensors").write_bytes(b"x")
+    trainer = SimpleNamespace(state=_state(23))
+    with pytest.raises(GrpoKitError) as info:
+        with guard_numerics(trainer, tmp_path):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    message = str(info.value)
+    assert not isinstance(info.value, NumericsError)
+    assert "out of memory at step 24" in message and "Tried to allocate 2.00 GiB" in message
+    assert "max_completion_length" in message and "presets --plan" in message
+    assert "checkpoint-20" in message and "--resume" in message
 
 
 def test_nan_losses_reach_the_logs(tmp_path):
