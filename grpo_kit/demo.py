@@ -112,12 +112,14 @@ def first_vs_last_table(history: list[dict], window: int = 3) -> str:
 
     >>> print(first_vs_last_table([{"step": 1, "reward": 0.1, "format_rate": 0.0},
     ...                            {"step": 2, "reward": 0.9, "format_rate": 1.0}], window=1))
-    metric        first 1 steps   last 1 steps
-    reward                0.100          0.900
-    format_rate           0.000          1.000
+    metric         first 1 steps   last 1 steps
+    reward                 0.100          0.900
+    format_rate            0.000          1.000
     """
     from grpo_kit.train import reward_first_last
 
+    logged = sum(1 for row in history if isinstance(row.get("reward"), (int, float)))
+    window = max(1, min(window, logged // 2 or 1))  # the same window reward_first_last uses
     lines = [f"{'metric':<12}{f'first {window} steps':>16}{f'last {window} steps':>15}"]
     for key in ("reward", "format_rate"):
         first, last = reward_first_last(history, window=window, key=key)

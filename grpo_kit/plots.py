@@ -13,12 +13,6 @@ from grpo_kit.errors import GrpoKitError
 
 def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = None, *, show: bool = False) -> Path:
     """Draw reward, format-rate and completion-length curves; save a PNG (default: ``<run>/plots/rewards.png``)."""
-    import matplotlib
-
-    if not show:
-        matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from grpo_kit.train import read_metrics
 
     metrics = Path(metrics)
@@ -31,7 +25,8 @@ def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = Non
     out.parent.mkdir(parents=True, exist_ok=True)
 
     reward_keys = sorted({k for row in rows for k in row if k.startswith("reward/")})
-    fig, (ax_reward, ax_length) = plt.subplots(1, 2, figsize=(11, 4))
+    fig = _figure(show)
+    ax_reward, ax_length = fig.subplots(1, 2)
     _line(ax_reward, rows, "reward", "total reward", linewidth=2.5)
     for key in reward_keys:
         _line(ax_reward, rows, key, key.split("/", 1)[1], linestyle="--")
@@ -43,9 +38,21 @@ def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = Non
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     if show:
+        import matplotlib.pyplot as plt
+
         plt.show()
-    plt.close(fig)
     return out
+
+
+def _figure(show: bool):
+    """A pyplot figure when it will be shown (notebooks), else a bare ``Figure`` that never touches the backend."""
+    if show:
+        import matplotlib.pyplot as plt
+
+        return plt.figure(figsize=(11, 4))
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(11, 4))
 
 
 def _line(ax, rows: list[dict], key: str, label: str, **style) -> None:
