@@ -321,6 +321,11 @@ def prepare_dataset(preset, tokenizer, data: str = "gsm8k", dataset=None):
     )
 
 
+def _is_secret(key: str) -> bool:
+    """Keys whose values never go into run.json (``--set hub_token=...`` and the like)."""
+    return any(word in key.lower() for word in ("token", "secret", "password", "api_key"))
+
+
 def _run_info(preset, *, data: str, model: str, overrides: dict, reward_names: list[str]) -> dict:
     import peft
     import transformers
@@ -331,7 +336,7 @@ def _run_info(preset, *, data: str, model: str, overrides: dict, reward_names: l
         "model": model,
         "data": data,
         "rewards": reward_names,
-        "overrides": overrides,
+        "overrides": {k: ("***" if _is_secret(k) else v) for k, v in overrides.items()},
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
     }
 
@@ -370,6 +375,8 @@ def train(
     from grpo_kit.runtime import detect_device, set_torch_threads
 
     set_torch_threads()
+    # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if rewards is not None:
         funcs, weights, names = parse_reward_spec(rewards)

@@ -222,3 +222,10 @@ def test_preset_fields_in_overrides_go_to_the_preset():
     assert preset.use_vllm is False and rest == {"log_completions": True}
     with pytest.raises(GrpoKitError):  # the preset's own validation runs on the new values
         split_overrides(get_preset("cpu"), {"num_generations": 3})
+
+
+def test_run_info_masks_secret_overrides():
+    from grpo_kit.train import _run_info
+
+    info = _run_info(get_preset("cpu"), data="sample", model="m", overrides={"hub_token": "hf_x", "beta": 0.1}, reward_names=[])
+    assert info["overrides"] == {"hub_token": "***", "beta": 0.1}
