@@ -66,6 +66,7 @@ def _add_curriculum(sub) -> None:
     p.add_argument("--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path")
     p.add_argument("--preset", default="cpu", help="preset whose prompt format, rewards and sampling settings to use")
     p.add_argument("--model", help="model id or folder (default: the preset's)")
+    p.add_argument("--adapter", help="LoRA adapter on top of --model, to re-score with a partly trained model")
     p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
     p.add_argument("--rewards", help="reward spec for the variance check (default: the preset's)")
     p.add_argument("--max-new-tokens", type=int, help="completion budget (default: the preset's)")

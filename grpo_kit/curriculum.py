@@ -395,6 +395,7 @@ def cli_curriculum(args) -> int:
         preset,
         data=args.data,
         model=args.model,
+        adapter=getattr(args, "adapter", None),
         rewards=args.rewards,
         samples=args.samples,
         max_new_tokens=args.max_new_tokens,

@@ -9,8 +9,8 @@ TRL's batch rule, which every preset satisfies (checked when a preset is built):
     generation batch = per_device_train_batch_size × num_processes × gradient_accumulation_steps
     generation batch % num_generations == 0      (whole groups of G completions per prompt)
 
-so ``generation batch / num_generations`` questions are trained on per optimizer step. The kit plans for one GPU
-(``num_processes`` 1).
+so ``generation batch / num_generations`` questions are trained on per optimizer step. The built-in presets are
+planned for one GPU; under ``accelerate launch`` the check uses the launch's process count (``$WORLD_SIZE``).
 
 >>> p = get_preset("t4-16gb")
 >>> p.per_device_train_batch_size * p.gradient_accumulation_steps // p.num_generations  # questions per step
@@ -25,6 +25,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 from dataclasses import dataclass
 
 from grpo_kit.errors import GrpoKitError
@@ -164,7 +165,8 @@ class Preset:
         if self.per_device_train_batch_size < 1 or self.gradient_accumulation_steps < 1:
             raise GrpoKitError(f"{where}: per_device_train_batch_size and gradient_accumulation_steps must be >= 1.")
         problem = batch_rule_problem(
-            self.per_device_train_batch_size, self.gradient_accumulation_steps, self.num_generations
+            self.per_device_train_batch_size, self.gradient_accumulation_steps, self.num_generations,
+            processes=launched_processes(),  # under accelerate launch / torchrun every process adds a batch
         )
         if problem:
             raise GrpoKitError(f"{where}: {problem}")
@@ -191,6 +193,12 @@ class Preset:
             raise GrpoKitError(
                 f"{where}: rewards must be (name, finite weight) pairs, e.g. (('correctness', 1.0), ('format', 1.0))."
             )
+
+
+def launched_processes() -> int:
+    """Training processes of this launch: ``$WORLD_SIZE`` (set by accelerate launch / torchrun), else 1."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    return int(value) if value.isdigit() and int(value) > 0 else 1
 
 
 def batch_rule_problem(per_device: int, accumulation: int, num_generations: int, processes: int = 1) -> str | None:

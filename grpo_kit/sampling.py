@@ -122,12 +122,14 @@ def _stop_ids(model, tokenizer) -> list[int]:
 
 
 def score_with_model(
-    preset, *, data: str, model: str | None = None, rewards: str | None = None, samples: int = 4,
+    preset, *, data: str, model: str | None = None, adapter: str | None = None, rewards: str | None = None,
+    samples: int = 4,
     max_new_tokens: int | None = None, temperature: float | None = None, limit: int | None = None,
     batch_size: int = 4, seed: int = 0, progress: bool = True,
 ) -> list[PromptScore]:
     """Score the training questions of ``data`` with ``model`` (default: the preset's), prompts formatted as training
     formats them (``preset.few_shot``, ``preset.prefill``), completions as long and as hot as training samples them.
+    ``adapter`` (a run's ``adapter/`` or ``checkpoint-N/``) re-scores with a partly trained model.
     """
     import torch
 
@@ -136,7 +138,7 @@ def score_with_model(
     from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
-    policy, tokenizer = load_inference_model(model or preset.model)
+    policy, tokenizer = load_inference_model(model or preset.model, adapter)
     if torch.cuda.is_available():
         policy = policy.to("cuda")
     dataset = load_gsm8k(data, split="train", limit=limit, seed=seed)

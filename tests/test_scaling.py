@@ -36,6 +36,18 @@ def test_shipped_accelerate_configs_load(name, kind, stage):
     assert config.use_cpu is (name == "cpu-2proc")
 
 
+def test_batch_rule_counts_the_launched_processes(monkeypatch):
+    """T4 recipe (1 x 4 completions, G=4) on 4 GPUs with accumulation 1: 1 x 4 processes x 1 = one whole group."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(GrpoKitError, match="processes \\(1\\)"):
+        get_preset("t4-16gb", gradient_accumulation_steps=1)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert get_preset("t4-16gb", gradient_accumulation_steps=1).gradient_accumulation_steps == 1
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(GrpoKitError, match="processes \\(3\\)"):
+        get_preset("t4-16gb", gradient_accumulation_steps=1)
+
+
 # ------------------------------------------------------------------------------------------------ loss variants
 
 

@@ -1,0 +1,67 @@
+"""Reward after N steps for each GRPO loss variant (``grpo_kit.presets.LOSS_VARIANTS``) on the CPU demo recipe.
+
+A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
+the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are
+noisy; read the table as "does each variant train", not as a ranking. On-policy (one optimizer step per generation
+batch, as in the cpu preset) GSPO's sequence-level ratio is exactly 1 and its gradient equals grpo's: expect the
+two rows to match.
+
+    .venv/bin/python benchmarks/bench_loss_types.py [--steps 4] [--last 2] [--variants grpo,gspo] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_variant(name: str, steps: int, workdir: Path) -> list[dict]:
+    from grpo_kit.presets import get_preset
+    from grpo_kit.train import train
+
+    preset = get_preset("cpu", loss_type=name, max_steps=steps, save_steps=steps)
+    return train(preset, data="sample", output_dir=workdir / name).history
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main() -> None:
+    from grpo_kit.presets import LOSS_VARIANTS
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant")
+    parser.add_argument("--last", type=int, default=2, help="average the reward over the last N steps")
+    parser.add_argument("--variants", default=",".join(LOSS_VARIANTS), help="comma-separated variant names")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads")
+    args = parser.parse_args()
+    os.environ["GRPO_KIT_THREADS"] = str(args.threads)
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            start = time.perf_counter()
+            history = run_variant(name, args.steps, Path(tmp))
+            seconds = time.perf_counter() - start
+            rewards = [row["reward"] for row in history if "reward" in row]
+            formats = [row.get("format_rate", float("nan")) for row in history if "reward" in row]
+            rows.append((name, rewards[0], mean(rewards[-args.last :]), mean(formats[-args.last :]), seconds))
+            print(f"{name}: rewards per step {[round(r, 3) for r in rewards]}", flush=True)
+
+    print(f"\ncpu preset, bundled sample, {args.steps} steps per variant, {args.threads} threads")
+    print(f"| variant | reward step 1 | reward, last {args.last} steps | format rate, last {args.last} | seconds |")
+    print("|---|---|---|---|---|")
+    for name, first, last, fmt, seconds in rows:
+        print(f"| {name} | {first:.3f} | {last:.3f} | {fmt:.2f} | {seconds:.0f} |")
+    print()
+    for name in names:
+        print(f"{name}: {LOSS_VARIANTS[name][1]}" if name in LOSS_VARIANTS else f"{name}: TRL loss_type")
+
+
+if __name__ == "__main__":
+    main()
