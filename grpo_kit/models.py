@@ -158,6 +158,8 @@ def _load_unsloth(preset, model_id: str):
         fast_inference=preset.use_vllm,
         max_lora_rank=preset.lora_rank,
         gpu_memory_utilization=preset.vllm_gpu_memory_utilization if preset.use_vllm else 0.5,
+        # Under accelerate/torchrun each process must load onto its own GPU (untested here: no GPU in CI).
+        **({"device_map": {"": int(os.environ["LOCAL_RANK"])}} if "LOCAL_RANK" in os.environ else {}),
     )
     model = FastLanguageModel.get_peft_model(
         model,
