@@ -293,7 +293,7 @@ CPU = Preset(
     save_steps=8,
     logging_steps=1,
     rewards=(("tag_progress", 1.0), ("correctness", 0.25)),
-    few_shot=1,
+    few_shot=3,
     prefill="<think>\n",
     seed=3407,
 )
