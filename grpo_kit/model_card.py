@@ -90,19 +90,23 @@ def _verification_section(formats: Sequence[Mapping[str, Any]]) -> list[str]:
         "Each file was loaded back after writing and its next-token logits on fixed prompts compared with the "
         "in-memory base + LoRA adapter in float32 (max absolute difference over all positions and the vocabulary).",
         "",
-        "| format | file | stored as | max abs diff | limit | LoRA effect |",
-        "|---|---|---|---|---|---|",
+        "| format | file | stored as | max abs diff | limit | mean diff to tuned / to base | LoRA effect |",
+        "|---|---|---|---|---|---|---|",
     ]
     for item in formats:
-        effect = item.get("lora_effect")
         lines.append(
             f"| {item['format']} | `{item['path']}` | {item.get('detail', '')} | {item['max_abs_diff']:.3g} | "
-            f"{item['tolerance']:.3g} | {'?' if effect is None else f'{effect:.3g}'} |"
+            f"{item['tolerance']:.3g} | {_num(item.get('mean_abs_diff'))} / {_num(item.get('mean_abs_diff_base'))} | "
+            f"{_num(item.get('lora_effect'))} |"
         )
     notes = [item["note"] for item in formats if item.get("note")]
-    lines += ["", "LoRA effect: max abs logit change the adapter makes on the same prompts (exports must sit closer "
-              "to the tuned model than to the base)."] + [f"- {note}" for note in notes]
-    return lines
+    lines += ["", "LoRA effect: the largest logit change the adapter makes on the same prompts. An export must stay "
+              "within the limit of the tuned model and sit closer to it than to the base model."]
+    return lines + [f"- {note}" for note in notes]
+
+
+def _num(value: Any) -> str:
+    return "?" if value is None or value != value else f"{value:.3g}"  # None or NaN
 
 
 def _usage_section(info: Mapping[str, Any]) -> list[str]:
