@@ -5,7 +5,7 @@ The story, in four steps, each one call into the kit:
 1. **Before**: the embedded SmolLM2-135M answers held-out bundled questions; we measure its format rate and accuracy.
 2. **Train**: the ``cpu`` preset's recipe. A 135M model never writes ``<think>``/``<answer>`` tags unprompted, so every
    completion would score 0 and GRPO would have nothing to compare (all advantages zero). The recipe creates reward
-   variance: one worked example as a prior chat turn, the assistant turn prefilled with ``<think>\\n``, and the
+   variance: three worked examples as prior chat turns, the assistant turn prefilled with ``<think>\\n``, and the
    partial-credit ``tag_progress`` reward. Some completions in each group then close the tags and score higher, and
    GRPO pushes the policy towards them.
 3. **After**: the same held-out questions with the trained adapter, side by side with "before".

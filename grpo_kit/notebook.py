@@ -774,3 +774,18 @@ if __name__ == "__main__":
 
     for name in sys.argv[1:]:
         print(f"{'stripped' if strip_notebook(name) else 'clean   '} {name}")
+
+
+def export_formats(preset) -> tuple[str, ...]:
+    """Export formats notebook 05 makes for ``preset``: all three where the 16-bit merge fits, else the adapter only.
+
+    A merged 16-bit 8B model needs ~16 GB of GPU memory to merge and verify, more than a T4 or L4 has next to
+    training; there the LoRA adapter is exported, and merging is left to a bigger card (or ``grpo-kit export`` later).
+
+    >>> from grpo_kit.presets import get_preset
+    >>> export_formats(get_preset("cpu")), export_formats(get_preset("t4-16gb")), export_formats(get_preset("a100-80gb"))
+    (('lora', 'merged16', 'gguf'), ('lora',), ('lora', 'merged16', 'gguf'))
+    """
+    if preset.vram_gb == 0 or preset.vram_gb >= 39:
+        return ("lora", "merged16", "gguf")
+    return ("lora",)

@@ -478,7 +478,7 @@ def test_score_examples_orders_the_examples_like_the_rewards_should():
 def test_preview_prompt_is_what_training_sends(embedded_dir):
     text = nbk.preview_prompt(get_preset("cpu"))
     assert text.endswith("<|im_start|>assistant\n<think>\n")  # generation prompt + prefill
-    assert text.count("<|im_start|>user") == 2  # one worked example + the question
+    assert text.count("<|im_start|>user") == get_preset("cpu").few_shot + 1  # worked examples + the question
 
 
 def test_evaluate_session_passes_the_training_prompt_and_saves(smoke_session, monkeypatch):

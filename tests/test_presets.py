@@ -100,7 +100,7 @@ def test_cpu_preset_is_the_measured_recipe():
     assert (cpu.lora_rank, cpu.lora_alpha, cpu.learning_rate) == (16, 32, 5e-4)
     assert (cpu.num_generations, cpu.generation_batch_size, cpu.max_completion_length) == (8, 8, 48)
     assert cpu.temperature == 1.0 and cpu.beta == 0.0
-    assert cpu.few_shot == 1 and cpu.prefill == "<think>\n"
+    assert cpu.few_shot == 3 and cpu.prefill == "<think>\n"
     assert cpu.rewards[0][0] == "tag_progress"
     assert 10 <= cpu.max_steps <= 24
 
