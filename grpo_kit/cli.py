@@ -97,6 +97,7 @@ def _add_eval(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffle seed for --limit")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--maj", type=int, default=0, metavar="K", help="also report maj@K with K sampled answers")
+    p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
     p.set_defaults(func=_handler("evaluate", "cli_eval"))
 

@@ -462,7 +462,7 @@ def cli_eval(args) -> int:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
     dataset = load_eval_data(args.data, limit=args.limit, seed=args.seed)
     settings = run_prompt_settings(args.adapter)
-    options = dict(max_new_tokens=args.max_new_tokens, maj_k=args.maj, seed=args.seed, **settings)
+    options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, maj_k=args.maj, seed=args.seed, **settings)
     print(f"evaluating {args.model}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
           f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
     started = time.time()
