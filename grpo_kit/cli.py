@@ -55,6 +55,10 @@ def _add_train(sub) -> None:
     p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
+    p.add_argument(
+        "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
+    )
+    p.add_argument("--backend", choices=["auto", "unsloth", "transformers"], help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
     p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE), help="questions whose sampled rewards were all equal (default: keep)")

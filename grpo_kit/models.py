@@ -106,29 +106,118 @@ def resolve_model_id(model: str) -> str:
     return model
 
 
+def zero3_launch(env=None) -> bool:
+    """True inside ``accelerate launch`` with a DeepSpeed ZeRO-3 config (accelerate sets the stage in the env).
+
+    >>> zero3_launch({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}), zero3_launch({})
+    (True, False)
+    """
+    env = os.environ if env is None else env
+    return env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+
+
+def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
+    """Which loader a run uses: ``"unsloth"`` or ``"transformers"`` (plain transformers + PEFT).
+
+    ``auto`` means: transformers without a GPU (Unsloth cannot even be imported there) and under DeepSpeed ZeRO-3
+    (Unsloth's patched model does not support sharded weights), Unsloth on any other GPU run. An explicit choice is
+    refused where it cannot work, with what to do instead.
+
+    >>> from grpo_kit.presets import get_preset
+    >>> a100 = get_preset("a100-80gb")
+    >>> resolve_backend(a100, cuda=True), resolve_backend(a100, cuda=True, zero3=True)
+    ('unsloth', 'transformers')
+    >>> resolve_backend(get_preset("cpu"), cuda=False)
+    'transformers'
+    """
+    if preset.backend == "unsloth" and zero3:
+        raise GrpoKitError(
+            "backend='unsloth' cannot run under DeepSpeed ZeRO-3 (Unsloth does not support sharded weights). Use "
+            "--set backend=transformers (or auto), or the ddp.yaml / zero2.yaml accelerate configs."
+        )
+    if preset.backend != "auto":
+        return preset.backend
+    return "unsloth" if cuda and not zero3 else "transformers"
+
+
 def load_model(preset, *, model: str | None = None, trust_remote_code: bool = False):
     """Load the preset's model as a LoRA-wrapped trainable policy. Returns ``(model, tokenizer)``.
 
-    GPU presets (``preset.load_in_4bit`` or ``preset.use_vllm``) go through Unsloth's ``FastLanguageModel``
-    (imported only here, since Unsloth cannot be imported without a GPU) and ``get_peft_model``. The CPU path uses
-    transformers + PEFT on the same LoRA settings. Either way the result is a ``peft.PeftModel``-like module whose
-    ``save_pretrained`` writes an adapter, plus a tokenizer with a pad token.
+    The backend comes from ``resolve_backend``. Unsloth (GPU only, imported only here since it cannot be imported
+    without a GPU) loads through ``FastLanguageModel`` and ``get_peft_model``, starting its in-process vLLM when the
+    preset generates with a colocated vLLM. The transformers backend loads with ``from_pretrained`` (4-bit through
+    bitsandbytes when ``load_in_4bit``) and wraps it with PEFT on the same LoRA settings; on a CPU that is the fp32
+    path. Either way the result is a ``peft.PeftModel``-like module whose ``save_pretrained`` writes an adapter, plus
+    a tokenizer with a pad token.
     """
+    import torch
+
     from grpo_kit.planner import needs_gpu
 
     model_id = resolve_model_id(model or preset.model)
-    if needs_gpu(preset):
+    cuda = torch.cuda.is_available()
+    if needs_gpu(preset) and not cuda:
+        raise GrpoKitError(
+            f"Preset '{preset.name}' needs a CUDA GPU (4-bit/vLLM/{preset.precision}), and none was found.\n"
+            "On this machine use the CPU preset:  grpo-kit train --preset cpu   (or preset 'auto').\n"
+            "On Colab: Runtime > Change runtime type > T4 GPU."
+        )
+    zero3 = zero3_launch()
+    if resolve_backend(preset, cuda=cuda, zero3=zero3) == "unsloth":
         return _load_unsloth(preset, model_id)
-    return _load_peft_cpu(preset, model_id, trust_remote_code=trust_remote_code)
+    return _load_transformers(preset, model_id, cuda=cuda, zero3=zero3, trust_remote_code=trust_remote_code)
 
 
-def _load_peft_cpu(preset, model_id: str, *, trust_remote_code: bool = False):
+def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_rank: int | None = None) -> dict:
+    """``from_pretrained`` keyword arguments for the transformers backend (``quantization_config`` as a dict).
+
+    The weights' dtype follows ``preset.precision``. Each process of a launch loads onto its own GPU
+    (``device_map={"": LOCAL_RANK}``), except under ZeRO-3, where DeepSpeed places (shards) the weights itself. 4-bit
+    weights are bitsandbytes NF4; their storage dtype is the compute dtype, which is what lets ZeRO-3 shard them.
+
+    >>> from grpo_kit.presets import get_preset
+    >>> kw = transformers_load_kwargs(get_preset("a100-80gb"), cuda=True, local_rank=1)
+    >>> kw["dtype"], kw["device_map"], "quantization_config" in kw
+    ('bfloat16', {'': 1}, False)
+    >>> transformers_load_kwargs(get_preset("cpu"), cuda=False)
+    {'dtype': 'float32'}
+    """
+    dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[preset.precision]
+    kwargs: dict = {"dtype": dtype}
+    if cuda and not zero3:
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank}
+    if preset.load_in_4bit:
+        kwargs["quantization_config"] = {
+            "load_in_4bit": True,
+            "bnb_4bit_quant_type": "nf4",
+            "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": dtype,
+            "bnb_4bit_quant_storage": dtype,
+        }
+    return kwargs
+
+
+def _load_transformers(preset, model_id: str, *, cuda: bool, zero3: bool = False, trust_remote_code: bool = False):
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
     tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
-    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    kwargs = transformers_load_kwargs(preset, cuda=cuda, zero3=zero3)
+    kwargs["dtype"] = getattr(torch, kwargs["dtype"])
+    quantized = "quantization_config" in kwargs
+    if quantized:
+        from transformers import BitsAndBytesConfig
+
+        settings = kwargs.pop("quantization_config")
+        for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
+            settings[key] = getattr(torch, settings[key])
+        kwargs["quantization_config"] = BitsAndBytesConfig(**settings)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **kwargs)
+    if quantized:
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=preset.gradient_checkpointing)
     lora = LoraConfig(
         r=preset.lora_rank,
         lora_alpha=preset.lora_alpha,
@@ -141,24 +230,19 @@ def _load_peft_cpu(preset, model_id: str, *, trust_remote_code: bool = False):
 
 
 def _load_unsloth(preset, model_id: str):
-    import torch
-
-    if not torch.cuda.is_available():
-        raise GrpoKitError(
-            f"Preset '{preset.name}' needs a CUDA GPU (4-bit/vLLM/{preset.precision}), and none was found.\n"
-            "On this machine use the CPU preset:  grpo-kit train --preset cpu   (or preset 'auto').\n"
-            "On Colab: Runtime > Change runtime type > T4 GPU."
-        )
     from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
 
+    # Unsloth's own vLLM shares the weights with the trainer; in server mode a separate server generates, so an
+    # in-process copy would only take memory.
+    colocated = preset.use_vllm and preset.vllm_mode == "colocate"
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model_id,
         max_seq_length=preset.max_seq_length,
         load_in_4bit=preset.load_in_4bit,
-        fast_inference=preset.use_vllm,
+        fast_inference=colocated,
         max_lora_rank=preset.lora_rank,
-        gpu_memory_utilization=preset.vllm_gpu_memory_utilization if preset.use_vllm else 0.5,
-        # Under accelerate/torchrun each process must load onto its own GPU (untested here: no GPU in CI).
+        gpu_memory_utilization=preset.vllm_gpu_memory_utilization if colocated else 0.5,
+        # Under accelerate/torchrun each process must load onto its own GPU (Unsloth's DDP guide does the same).
         **({"device_map": {"": int(os.environ["LOCAL_RANK"])}} if "LOCAL_RANK" in os.environ else {}),
     )
     model = FastLanguageModel.get_peft_model(

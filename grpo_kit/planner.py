@@ -344,12 +344,14 @@ def estimate_vram_for(
 
 
 def estimate_vram(
-    preset, model_shape: ModelShape | None = None, *, card_gb: float | None = None, shared_weights: bool = True
+    preset, model_shape: ModelShape | None = None, *, card_gb: float | None = None, shared_weights: bool | None = None
 ) -> VramEstimate:
     """Estimate a ``grpo_kit.presets.Preset`` on a card of ``card_gb`` GiB (default: the preset's ``vram_gb``).
 
     ``model_shape`` defaults to ``shape_for(preset.model)``; for any other model pass
-    ``ModelShape.from_config(AutoConfig.from_pretrained(model_id))``.
+    ``ModelShape.from_config(AutoConfig.from_pretrained(model_id))``. ``shared_weights`` (vLLM and the trainer share
+    one copy of the weights) defaults to "not the transformers backend": only Unsloth's in-process vLLM shares them.
+    With ``vllm_mode='server'`` vLLM runs on another GPU, so nothing of it is counted on the training card.
 
     >>> from grpo_kit.presets import get_preset
     >>> est = estimate_vram(get_preset("t4-16gb"))
@@ -364,6 +366,9 @@ def estimate_vram(
             "--model ID` (it reads the config from the Hub)."
         )
     on_gpu = preset.precision != "fp32" or preset.load_in_4bit or preset.use_vllm
+    if shared_weights is None:
+        shared_weights = getattr(preset, "backend", "auto") != "transformers"
+    vllm_here = preset.use_vllm and getattr(preset, "vllm_mode", "colocate") == "colocate"
     bits = 4 if preset.load_in_4bit else (32 if preset.precision == "fp32" else 16)
     return estimate_vram_for(
         shape,
@@ -377,7 +382,7 @@ def estimate_vram(
         optimizer_8bit=preset.optim in EIGHT_BIT_OPTIMIZERS,
         activation_bytes=4 if preset.precision == "fp32" else 2,
         gradient_checkpointing=preset.gradient_checkpointing,
-        use_vllm=preset.use_vllm,
+        use_vllm=vllm_here,
         vllm_share=preset.vllm_gpu_memory_utilization,
         generation_batch=preset.per_device_train_batch_size * preset.gradient_accumulation_steps,
         shared_weights=shared_weights,
@@ -413,7 +418,8 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
             f"Preset '{preset.name}' with {shape.name} needs about {est.total_gib:.1f} GiB but {device.name} has "
             f"{device.vram_gb:.1f} GiB."
         )
-    if preset.use_vllm and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
+    vllm_here = preset.use_vllm and getattr(preset, "vllm_mode", "colocate") == "colocate"
+    if vllm_here and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
         problems.append(
             f"vLLM's share ({preset.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
             f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache one "
@@ -426,7 +432,7 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
         f"shorter completions (--set max_completion_length={max(64, preset.max_completion_length // 2)})",
         "fewer generations (--num-generations with gradient_accumulation_steps a multiple of it)",
     ]
-    if preset.use_vllm:
+    if vllm_here:
         fixes.append(
             f"a different vLLM share (vllm_gpu_memory_utilization, now {preset.vllm_gpu_memory_utilization}): lower "
             "frees memory for training, higher gives vLLM room for its KV cache"

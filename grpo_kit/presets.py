@@ -39,6 +39,11 @@ FALLBACK_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
 #: The same model pre-quantised to 4 bits, for presets with ``load_in_4bit`` (vLLM loads it as it is).
 FALLBACK_MODEL_4BIT = "unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit"
 PRECISIONS = ("fp16", "bf16", "fp32")
+#: Where vLLM generates (``Preset.vllm_mode``): in the training process, or in a ``trl vllm-serve`` server.
+VLLM_MODES = ("colocate", "server")
+#: How the policy is loaded (``Preset.backend``); ``grpo_kit.models.resolve_backend`` turns ``auto`` into one of the
+#: other two for the machine and launch at hand.
+BACKENDS = ("auto", "unsloth", "transformers")
 #: A card is given a tier when it reports at least this fraction of the tier's ``vram_gb`` (rounding, ECC).
 TIER_TOLERANCE = 0.97
 #: GRPO loss variants by name (``Preset.loss_type``, ``grpo-kit train --loss-type``): the GRPOConfig fields each sets
@@ -99,6 +104,11 @@ class Preset:
     ``warmup_steps`` below 1 is a fraction of ``max_steps`` (TRL 1.x removed ``warmup_ratio``).
     ``rewards``: ``(name, weight)`` pairs, names from ``grpo_kit.rewards.REWARDS``.
     ``few_shot``: worked examples shown as earlier chat turns. ``prefill``: text the assistant's turn starts with.
+    ``vllm_mode``: with ``use_vllm``, ``colocate`` (vLLM in the training process; with Unsloth it shares the weights)
+    or ``server`` (generation on another GPU, in a server started with ``trl vllm-serve``; ``vllm_server_base_url``,
+    default ``http://localhost:8000``).
+    ``backend``: ``unsloth`` (GPU, one process or DDP), ``transformers`` (plain transformers + PEFT: the CPU path, and
+    the GPU path under DeepSpeed ZeRO-3, which Unsloth does not support) or ``auto`` (the first that applies).
     """
 
     name: str
@@ -137,6 +147,9 @@ class Preset:
     few_shot: int
     prefill: str
     seed: int
+    vllm_mode: str = "colocate"
+    vllm_server_base_url: str = ""
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         # Lists from JSON or keyword overrides become tuples, so presets stay hashable and immutable.
@@ -185,6 +198,20 @@ class Preset:
                 f"{where}: vllm_gpu_memory_utilization is a fraction of the card (0-1), got "
                 f"{self.vllm_gpu_memory_utilization}."
             )
+        if self.vllm_mode not in VLLM_MODES:
+            raise GrpoKitError(f"{where}: vllm_mode {self.vllm_mode!r} is not one of {', '.join(VLLM_MODES)}.")
+        if self.vllm_mode == "server" and not self.use_vllm:
+            raise GrpoKitError(
+                f"{where}: vllm_mode='server' generates with a vLLM server, but use_vllm is off. Pass use_vllm=true "
+                "too (--set use_vllm=true), or drop vllm_mode."
+            )
+        if self.vllm_server_base_url and not self.vllm_server_base_url.startswith(("http://", "https://")):
+            raise GrpoKitError(
+                f"{where}: vllm_server_base_url {self.vllm_server_base_url!r} is not a URL; write it as "
+                "http://HOST:PORT (e.g. http://localhost:8000)."
+            )
+        if self.backend not in BACKENDS:
+            raise GrpoKitError(f"{where}: backend {self.backend!r} is not one of {', '.join(BACKENDS)}.")
         if not (self.learning_rate > 0 and self.temperature > 0 and self.warmup_steps >= 0 and self.beta >= 0):
             raise GrpoKitError(f"{where}: learning_rate and temperature must be > 0, warmup_steps and beta >= 0.")
         if not self.lora_targets:

@@ -169,7 +169,11 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
         logging_nan_inf_filter=False,  # a NaN/inf loss must reach the logs, where guards.NumericsGuard stops the run
     )
     if preset.use_vllm:
-        values["vllm_mode"] = "colocate"
+        values["vllm_mode"] = preset.vllm_mode
+        if preset.vllm_mode == "server":
+            from grpo_kit.vllm_server import server_url
+
+            values["vllm_server_base_url"] = server_url(preset)
     if on_cpu:
         values["gradient_checkpointing"] = False
     values.update(overrides)
@@ -395,6 +399,10 @@ def train(
     if dataset is None:  # an offline Hub or a bad file is reported before any weights load
         dataset = load_gsm8k(data, split="train", lenient=lenient)  # lenient: bad rows skipped, counted, warned
     check_dataset_size(len(dataset), config, source=source)
+    if preset.use_vllm and preset.vllm_mode == "server":  # a missing server is reported before any weights load
+        from grpo_kit.vllm_server import check_server
+
+        check_server(preset, model=model, wait=config.vllm_server_timeout)
     checkpoint = _prepare_run_dir(run_dir, resume)
     _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
     is_main = config.process_index == 0
@@ -575,6 +583,10 @@ def cli_train(args) -> int:
         "seed": args.seed,
     }
     preset = dataclasses.replace(preset, **{k: v for k, v in knobs.items() if v is not None})
+    if getattr(args, "backend", None):
+        preset = dataclasses.replace(preset, backend=args.backend)
+    if getattr(args, "vllm_server", None):
+        preset = dataclasses.replace(preset, use_vllm=True, vllm_mode="server", vllm_server_base_url=args.vllm_server)
     result = train(
         preset,
         data=args.data,

@@ -17,6 +17,7 @@ from grpo_kit.planner import (
     QWEN25_15B,
     QWEN25_MATH_7B,
     SMOLLM2_135M,
+    VLLM_OVERHEAD_GIB,
     ModelShape,
     check_fits,
     estimate_vram,
@@ -204,6 +205,23 @@ def test_check_fits_says_what_to_do():
     assert starved and "KV cache" in starved
     no_gpu = check_fits(get_preset("t4-16gb"), DeviceInfo("cpu", "cpu", 0.0, False))
     assert no_gpu and "--preset cpu" in no_gpu
+
+
+def test_vllm_server_mode_frees_the_training_card():
+    colocated = estimate_vram(get_preset("a100-80gb"))
+    server = estimate_vram(get_preset("a100-80gb", vllm_mode="server"))
+    assert colocated.vllm_gib > 0 and server.vllm_gib == 0
+    assert server.total_gib == pytest.approx(colocated.total_gib - colocated.vllm_gib - VLLM_OVERHEAD_GIB, abs=0.01)
+    # A share too small for the KV cache is the server's business then, not this card's.
+    starved = get_preset("t4-16gb", vllm_gpu_memory_utilization=0.35)
+    assert "KV cache" in check_fits(starved, T4)
+    assert check_fits(dataclasses.replace(starved, vllm_mode="server"), T4) is None
+
+
+def test_transformers_backend_counts_a_second_copy_of_the_weights_for_vllm():
+    unsloth = estimate_vram(get_preset("a100-80gb"))
+    plain = estimate_vram(get_preset("a100-80gb", backend="transformers"))
+    assert plain.vllm_gib == pytest.approx(unsloth.vllm_gib + unsloth.weights_gib, abs=0.01)
 
 
 def test_docstring_examples_run():

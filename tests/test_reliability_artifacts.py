@@ -138,7 +138,7 @@ def test_trust_remote_code_is_off_unless_asked():
 
     import grpo_kit.models as models
 
-    for function in (models.load_model, models.load_inference_model, models.load_tokenizer, models._load_peft_cpu):
+    for function in (models.load_model, models.load_inference_model, models.load_tokenizer, models._load_transformers):
         assert inspect.signature(function).parameters["trust_remote_code"].default is False, function
     package = Path(models.__file__).parent
     for source in sorted(package.glob("*.py")):
@@ -162,7 +162,7 @@ def test_loaders_pass_trust_remote_code_false(monkeypatch):
     with pytest.raises(Stop):
         models.load_inference_model("someone/model")
     with pytest.raises(Stop):
-        models._load_peft_cpu(None, "someone/model")
+        models._load_transformers(None, "someone/model", cuda=False)
     assert seen == [False, False]
 
 
