@@ -142,3 +142,12 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["rewards"] == ["char_codes"]
     assert not (run_dir / ".adapter.tmp").exists()
     assert done.stdout.count("steps: 2") == 1  # one summary, from the main process
+
+
+def test_readme_scaling_section_is_the_one_in_docs_scaling():
+    """README's "Scaling out" is pasted from docs/SCALING.md; the two must not drift apart."""
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "SCALING.md").read_text(encoding="utf-8")
+    section = doc.split("<!-- README: paste from here ... -->\n", 1)[1].split("<!-- ... to here -->", 1)[0]
+    assert section.startswith("## Scaling out") and "--vllm-server" in section
+    assert section.strip() in (root / "README.md").read_text(encoding="utf-8")
