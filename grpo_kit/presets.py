@@ -287,8 +287,8 @@ CPU = Preset(
         "short worked examples shown as earlier turns, and the answer prefilled with '<think>\\n'. Measured here: with "
         "one worked example 0 of 8 sampled completions closed the tags (every group scores the same: nothing to "
         "learn); with three, some do from the first step. The tag_progress reward pays for each format tag, with "
-        "correctness at a small weight. Measured (trl 1.15, 2 shared cores): mean reward 0.25 at steps 1-2, 0.5 at "
-        "steps 3-4, 0.81 at 5-6, 1.0 (every completion in format) at step 7. It learns the format: a 135M model's "
+        "correctness at a small weight. Measured (trl 1.15, 2 cores): mean reward 0.25, 0.125, 0.5, 0.56, 0.94, 0.81, "
+        "0.94, 1.0 at steps 1-8; later steps only add noise, so the recipe stops at 8. It learns the format: a 135M model's "
         "GSM8K accuracy stays near zero. beta 0 needs no reference model; gradient checkpointing is off because it "
         "only slows a model this small."
     ),
@@ -318,8 +318,8 @@ CPU = Preset(
     use_vllm=False,
     vllm_gpu_memory_utilization=0.3,
     gradient_checkpointing=False,
-    max_steps=12,
-    save_steps=6,
+    max_steps=8,
+    save_steps=4,
     logging_steps=1,
     rewards=(("tag_progress", 1.0), ("correctness", 0.25)),
     few_shot=3,
@@ -413,7 +413,9 @@ A100_40 = Preset(
     **_GPU_COMMON,
 )
 
-A100_80 = Preset(
+# The 80 GB tier is the 40 GB recipe with a bigger group and batch, and less of the card for vLLM.
+A100_80 = dataclasses.replace(
+    A100_40,
     name="a100-80gb",
     vram_gb=79.0,
     description=(
@@ -423,21 +425,10 @@ A100_80 = Preset(
         "Qwen2.5-Math-7B-Instruct also fits (--model unsloth/Qwen2.5-Math-7B-Instruct), but it already scores "
         "~95 % on GSM8K, leaving little for GRPO to improve."
     ),
-    model="unsloth/Meta-Llama-3.1-8B-Instruct",
-    load_in_4bit=False,
-    max_seq_length=1280,
-    max_prompt_length=256,
-    max_completion_length=1024,
-    lora_rank=64,
-    lora_alpha=64,
     num_generations=16,
     per_device_train_batch_size=8,
     gradient_accumulation_steps=8,
-    precision="bf16",
     vllm_gpu_memory_utilization=0.4,
-    max_steps=300,
-    save_steps=25,
-    **_GPU_COMMON,
 )
 
 #: name → preset, smallest tier first (``auto_preset`` relies on this order).

@@ -57,3 +57,34 @@ def tiny_model_dir(tmp_path_factory, embedded_dir):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+#: LoRA on every projection of the tiny Llama.
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0, targets=ALL_TARGETS):
+    """Save a LoRA adapter for ``base_dir`` whose B weights are N(0, std), plus the tokenizer; returns ``out_dir``.
+
+    A fresh LoRA has B = 0 and changes nothing, so it could not catch an evaluation or export that drops it.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), lora_dropout=0.0))
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0.0, std)
+    peft_model.save_pretrained(out_dir)
+    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
+    return out_dir
+
+
+@pytest.fixture(scope="session")
+def make_adapter():
+    """``make_adapter(base_dir, out_dir, *, std=0.05, seed=0, targets=ALL_TARGETS)``: a LoRA adapter that changes logits."""
+    return _make_adapter

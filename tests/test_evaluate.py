@@ -17,24 +17,6 @@ ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_len
             "correct_lenient", "in_format", "completion_tokens"}
 
 
-def make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0):
-    """A LoRA adapter with non-zero random B weights (a fresh LoRA changes nothing), saved with the tokenizer."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "up_proj"]))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, std)
-    peft_model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
-    return out_dir
-
-
 @pytest.fixture(scope="module")
 def questions():
     return load_gsm8k("sample", "test", limit=3, seed=0)
@@ -137,8 +119,8 @@ def test_evaluate_tiny_model_returns_well_formed_metrics(tiny, questions):
 
 
 @pytest.mark.slow
-def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path):
-    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", std=0.5)
+def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make_adapter):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", std=0.5, targets=["q_proj", "v_proj", "up_proj"])
     base, tuned = evaluate_before_after(str(tiny_model_dir), adapter, questions, max_new_tokens=8, progress=False)
     assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
     assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
@@ -161,8 +143,8 @@ def test_cli_eval_writes_json_and_rows(tiny_model_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_cli_eval_compare(tiny_model_dir, tmp_path, capsys):
-    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+def test_cli_eval_compare(tiny_model_dir, tmp_path, capsys, make_adapter):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", targets=["q_proj", "v_proj", "up_proj"])
     out = tmp_path / "eval.json"
     assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter), "--compare", "--data", "sample",
                  "--limit", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0

@@ -25,26 +25,8 @@ TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
 
 
-def make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0):
-    """Save a LoRA adapter for ``base_dir`` whose B weights are N(0, std) (so it changes the logits) plus tokenizer."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0))
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0.0, std)
-    peft_model.save_pretrained(out_dir)
-    AutoTokenizer.from_pretrained(base_dir).save_pretrained(out_dir)
-    return out_dir
-
-
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model_dir):
+def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     """A run folder like train writes: run.json, metrics.jsonl, adapter/."""
     run = tmp_path_factory.mktemp("run")
     make_adapter(tiny_model_dir, run / "adapter")

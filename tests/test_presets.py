@@ -102,7 +102,7 @@ def test_cpu_preset_is_the_measured_recipe():
     assert cpu.temperature == 1.0 and cpu.beta == 0.0
     assert cpu.few_shot == 3 and cpu.prefill == "<think>\n"
     assert cpu.rewards[0][0] == "tag_progress"
-    assert 10 <= cpu.max_steps <= 24
+    assert cpu.max_steps == 8  # measured: reward 0.31 (steps 1-3) -> 0.83 (steps 6-8); the demo takes ~8 min
 
 
 def test_get_preset_overrides_return_a_new_validated_preset():
