@@ -2,9 +2,9 @@
 
 A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
 the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are
-noisy; read the table as "does each variant train", not as a ranking. On-policy (one optimizer step per generation
-batch, as in the cpu preset) GSPO's sequence-level ratio is exactly 1 and its gradient equals grpo's: expect the
-two rows to match.
+noisy; read the table as "does each variant train", not as a ranking. Measured results and how to read them (why
+dr_grpo/dapo/bnpo come out identical with one micro-batch, and why gspo and grpo still differ on-policy) are in
+docs/SCALING.md, section 4.
 
     .venv/bin/python benchmarks/bench_loss_types.py [--steps 4] [--last 2] [--variants grpo,gspo] [--threads 2]
 """

@@ -135,6 +135,11 @@ def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
             "backend='unsloth' cannot run under DeepSpeed ZeRO-3 (Unsloth does not support sharded weights). Use "
             "--set backend=transformers (or auto), or the ddp.yaml / zero2.yaml accelerate configs."
         )
+    if preset.backend == "unsloth" and not cuda:
+        raise GrpoKitError(
+            "backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this machine use "
+            "--backend auto or transformers (plain transformers + PEFT)."
+        )
     if preset.backend != "auto":
         return preset.backend
     return "unsloth" if cuda and not zero3 else "transformers"

@@ -96,6 +96,11 @@ def test_unsloth_under_zero3_is_refused_with_the_alternatives():
         models.resolve_backend(get_preset("a100-80gb", backend="unsloth"), cuda=True, zero3=True)
 
 
+def test_unsloth_without_a_gpu_is_refused_before_importing_it():
+    with pytest.raises(GrpoKitError, match="needs a CUDA GPU"):
+        models.load_model(get_preset("cpu", backend="unsloth"))
+
+
 def test_zero3_is_read_from_accelerates_environment():
     assert models.zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
     assert not models.zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
