@@ -37,7 +37,7 @@ def _add_rewards(sub) -> None:
 
 def _add_train(sub) -> None:
     from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables; these imports do not import torch
-    from grpo_kit.presets import LOSS_VARIANTS
+    from grpo_kit.presets import BACKENDS, LOSS_VARIANTS
 
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a preset")
     p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
@@ -58,7 +58,7 @@ def _add_train(sub) -> None:
     p.add_argument(
         "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
     )
-    p.add_argument("--backend", choices=["auto", "unsloth", "transformers"], help="model loader (default: auto)")
+    p.add_argument("--backend", choices=list(BACKENDS), help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
     p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE), help="questions whose sampled rewards were all equal (default: keep)")

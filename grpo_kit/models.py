@@ -157,16 +157,12 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
     """
     import torch
 
-    from grpo_kit.planner import needs_gpu
+    from grpo_kit.planner import gpu_required_message, needs_gpu
 
     model_id = resolve_model_id(model or preset.model)
     cuda = torch.cuda.is_available()
     if needs_gpu(preset) and not cuda:
-        raise GrpoKitError(
-            f"Preset '{preset.name}' needs a CUDA GPU (4-bit/vLLM/{preset.precision}), and none was found.\n"
-            "On this machine use the CPU preset:  grpo-kit train --preset cpu   (or preset 'auto').\n"
-            "On Colab: Runtime > Change runtime type > T4 GPU."
-        )
+        raise GrpoKitError(gpu_required_message(preset))
     zero3 = zero3_launch()
     if resolve_backend(preset, cuda=cuda, zero3=zero3) == "unsloth":
         return _load_unsloth(preset, model_id)
@@ -174,7 +170,8 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
 
 
 def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_rank: int | None = None) -> dict:
-    """``from_pretrained`` keyword arguments for the transformers backend (``quantization_config`` as a dict).
+    """``from_pretrained`` keyword arguments for the transformers backend (``quantization_config`` as a dict of
+    ``BitsAndBytesConfig`` arguments; dtypes by name, which both transformers and bitsandbytes' config accept).
 
     The weights' dtype follows ``preset.precision``. Each process of a launch loads onto its own GPU
     (``device_map={"": LOCAL_RANK}``), except under ZeRO-3, where DeepSpeed places (shards) the weights itself. 4-bit
@@ -214,10 +211,7 @@ def _load_transformers(preset, model_id: str, *, cuda: bool, zero3: bool = False
     if quantized:
         from transformers import BitsAndBytesConfig
 
-        settings = kwargs.pop("quantization_config")
-        for key in ("bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"):
-            settings[key] = getattr(torch, settings[key])
-        kwargs["quantization_config"] = BitsAndBytesConfig(**settings)
+        kwargs["quantization_config"] = BitsAndBytesConfig(**kwargs["quantization_config"])
     base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **kwargs)
     if quantized:
         from peft import prepare_model_for_kbit_training
@@ -239,7 +233,7 @@ def _load_unsloth(preset, model_id: str):
 
     # Unsloth's own vLLM shares the weights with the trainer; in server mode a separate server generates, so an
     # in-process copy would only take memory.
-    colocated = preset.use_vllm and preset.vllm_mode == "colocate"
+    colocated = preset.vllm_colocated
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=model_id,
         max_seq_length=preset.max_seq_length,

@@ -367,8 +367,7 @@ def estimate_vram(
         )
     on_gpu = preset.precision != "fp32" or preset.load_in_4bit or preset.use_vllm
     if shared_weights is None:
-        shared_weights = getattr(preset, "backend", "auto") != "transformers"
-    vllm_here = preset.use_vllm and getattr(preset, "vllm_mode", "colocate") == "colocate"
+        shared_weights = preset.backend != "transformers"
     bits = 4 if preset.load_in_4bit else (32 if preset.precision == "fp32" else 16)
     return estimate_vram_for(
         shape,
@@ -382,7 +381,7 @@ def estimate_vram(
         optimizer_8bit=preset.optim in EIGHT_BIT_OPTIMIZERS,
         activation_bytes=4 if preset.precision == "fp32" else 2,
         gradient_checkpointing=preset.gradient_checkpointing,
-        use_vllm=vllm_here,
+        use_vllm=preset.vllm_colocated,
         vllm_share=preset.vllm_gpu_memory_utilization,
         generation_batch=preset.per_device_train_batch_size * preset.gradient_accumulation_steps,
         shared_weights=shared_weights,
@@ -396,18 +395,21 @@ def needs_gpu(preset) -> bool:
     return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
 
 
+def gpu_required_message(preset) -> str:
+    """What to do when a preset that ``needs_gpu`` meets a machine without CUDA."""
+    return (
+        f"Preset '{preset.name}' needs a CUDA GPU (4-bit weights / vLLM / {preset.precision}) and this machine "
+        "has none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
+    )
+
+
 def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | None:
     """A warning saying what to change when ``preset`` will not fit ``device`` (a ``runtime.DeviceInfo``), else None.
 
     Returns None when the model's shape is unknown offline (nothing to check against).
     """
     if device.kind != "cuda":
-        if needs_gpu(preset):
-            return (
-                f"Preset '{preset.name}' needs a CUDA GPU (4-bit weights / vLLM / {preset.precision}) and this machine "
-                "has none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
-            )
-        return None
+        return gpu_required_message(preset) if needs_gpu(preset) else None
     shape = model_shape or shape_for(preset.model)
     if shape is None:
         return None
@@ -418,8 +420,7 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
             f"Preset '{preset.name}' with {shape.name} needs about {est.total_gib:.1f} GiB but {device.name} has "
             f"{device.vram_gb:.1f} GiB."
         )
-    vllm_here = preset.use_vllm and getattr(preset, "vllm_mode", "colocate") == "colocate"
-    if vllm_here and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
+    if preset.vllm_colocated and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
         problems.append(
             f"vLLM's share ({preset.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
             f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache one "
@@ -432,7 +433,7 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
         f"shorter completions (--set max_completion_length={max(64, preset.max_completion_length // 2)})",
         "fewer generations (--num-generations with gradient_accumulation_steps a multiple of it)",
     ]
-    if vllm_here:
+    if preset.vllm_colocated:
         fixes.append(
             f"a different vLLM share (vllm_gpu_memory_utilization, now {preset.vllm_gpu_memory_utilization}): lower "
             "frees memory for training, higher gives vLLM room for its KV cache"

@@ -163,6 +163,16 @@ class Preset:
         return self.per_device_train_batch_size * self.gradient_accumulation_steps
 
     @property
+    def vllm_colocated(self) -> bool:
+        """vLLM generates inside the training process, on the training GPU (``use_vllm`` and ``colocate``)."""
+        return self.use_vllm and self.vllm_mode == "colocate"
+
+    @property
+    def vllm_server(self) -> bool:
+        """Generation happens in a separate vLLM server (``use_vllm`` and ``server``)."""
+        return self.use_vllm and self.vllm_mode == "server"
+
+    @property
     def prompts_per_step(self) -> int:
         """Questions per optimizer step: the generation batch split into groups of ``num_generations``."""
         return self.generation_batch_size // self.num_generations

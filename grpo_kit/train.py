@@ -170,7 +170,7 @@ def build_grpo_config(preset, output_dir: str | os.PathLike, overrides: dict[str
     )
     if preset.use_vllm:
         values["vllm_mode"] = preset.vllm_mode
-        if preset.vllm_mode == "server":
+        if preset.vllm_server:
             from grpo_kit.vllm_server import server_url
 
             values["vllm_server_base_url"] = server_url(preset)
@@ -399,7 +399,7 @@ def train(
     if dataset is None:  # an offline Hub or a bad file is reported before any weights load
         dataset = load_gsm8k(data, split="train", lenient=lenient)  # lenient: bad rows skipped, counted, warned
     check_dataset_size(len(dataset), config, source=source)
-    if preset.use_vllm and preset.vllm_mode == "server":  # a missing server is reported before any weights load
+    if preset.vllm_server:  # a missing server is reported before any weights load
         from grpo_kit.vllm_server import check_server
 
         check_server(preset, model=model, wait=config.vllm_server_timeout)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 import warnings
 from urllib.parse import urlparse
@@ -89,7 +88,7 @@ def check_server(preset, *, model: str | None = None, wait: float = 240.0, poll:
         try:
             served = served_models(url)
             break
-        except (OSError, urllib.error.URLError) as error:
+        except OSError as error:  # URLError, refused connections and timeouts are all OSErrors
             if time.monotonic() >= deadline:
                 raise GrpoKitError(
                     f"No vLLM server answers at {url} ({_reason(error)}); vllm_mode='server' needs one running before "
