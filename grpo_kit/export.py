@@ -357,7 +357,9 @@ def _load_tuned_cuda(base_model: str, adapter_dir: Path):  # pragma: no cover - 
 
     from grpo_kit.models import load_tokenizer
 
-    half = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    from grpo_kit.runtime import half_dtype_name
+
+    half = getattr(torch, half_dtype_name())
     try:
         base = AutoModelForCausalLM.from_pretrained(base_model, dtype=half, device_map="cuda")
         model = PeftModel.from_pretrained(base, str(adapter_dir)).eval()

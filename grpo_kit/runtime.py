@@ -30,9 +30,33 @@ def detect_device() -> DeviceInfo:
             kind="cuda",
             name=props.name,
             vram_gb=props.total_memory / 2**30,
-            bf16=torch.cuda.is_bf16_supported(),
+            bf16=gpu_has_bf16(props.major, props.minor),
         )
     return DeviceInfo(kind="cpu", name="cpu", vram_gb=0.0, bf16=False)
+
+
+def gpu_has_bf16(major: int | None = None, minor: int = 0) -> bool:
+    """True when the GPU computes in bfloat16 natively: compute capability 8.0 (Ampere) or newer.
+
+    Why not ``torch.cuda.is_bf16_supported()``: it counts emulation by default and returns True on a T4 (sm75), where
+    bf16 runs slowly in software and Unsloth/bitsandbytes kernels expect fp16. ``major``/``minor`` default to GPU 0's
+    capability (False without a GPU).
+
+    >>> gpu_has_bf16(7, 5), gpu_has_bf16(8, 0), gpu_has_bf16(9, 0)
+    (False, True, True)
+    """
+    if major is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        major, minor = torch.cuda.get_device_capability(0)
+    return (major, minor) >= (8, 0)
+
+
+def half_dtype_name() -> str:
+    """``"bfloat16"`` on a GPU with native bf16, else ``"float16"`` (a T4): the 16-bit dtype to load or export in."""
+    return "bfloat16" if gpu_has_bf16() else "float16"
 
 
 def in_colab() -> bool:
