@@ -285,6 +285,13 @@ def model_logits(model, prompts: Sequence[Sequence[int]]) -> tuple:
     return tuple(out)
 
 
+def all_finite(logits: Sequence) -> bool:
+    """True when every tensor in ``logits`` is free of NaN and ±inf."""
+    import torch
+
+    return all(bool(torch.isfinite(t).all()) for t in logits)
+
+
 def tolerance_for(key: str, reference: Reference) -> float:
     """The limit for ``key`` (a ``TOLERANCES`` key) given the reference's logit scale."""
     atol, rtol = TOLERANCES[key]
@@ -293,7 +300,14 @@ def tolerance_for(key: str, reference: Reference) -> float:
 
 
 def check_logits(fmt: str, key: str, candidate: Sequence, reference: Reference, *, path: Path, detail: str) -> ExportResult:
-    """Compare an export's logits with the reference; ``GrpoKitError`` when it fails either check (module docstring)."""
+    """Compare an export's logits with the reference; ``GrpoKitError`` when it fails either check (module docstring).
+
+    NaN compares false with everything, so each check passes only when its numbers are finite *and* within limits.
+    """
+    bad = [name for name, logits in (("the export", candidate), ("the reference (base+adapter)", reference.tuned),
+                                     ("the base", reference.base)) if not all_finite(logits)]
+    if bad:
+        raise GrpoKitError(_verification_failed(fmt, detail, [f"the logits of {' and '.join(bad)} contain NaN/inf"]))
     diffs = [(c - t).abs() for c, t in zip(candidate, reference.tuned, strict=True)]
     max_abs = max(float(d.max()) for d in diffs)
     mean_tuned = sum(float(d.mean()) for d in diffs) / len(diffs)
@@ -301,7 +315,7 @@ def check_logits(fmt: str, key: str, candidate: Sequence, reference: Reference, 
     limit = tolerance_for(key, reference)
     effect, mean_effect = reference.lora_effect, reference.mean_effect
     problems = []
-    if max_abs > limit:
+    if not max_abs <= limit:
         problems.append(f"max |dlogit| {max_abs:.3g} exceeds the limit {limit:.3g}")
     note = ""
     if effect == 0.0:
@@ -316,12 +330,16 @@ def check_logits(fmt: str, key: str, candidate: Sequence, reference: Reference, 
         note = (f"{fmt}: the adapter's mean effect on the logits ({mean_effect:.3g}) is lost in this format's storage "
                 f"noise ({mean_tuned:.3g}); the check cannot tell a merged LoRA from a missing one.")
     if problems:
-        raise GrpoKitError(
-            f"Export verification failed for {fmt} ({detail}): " + "; ".join(problems) + ". Nothing was written to the "
-            "export folder. This is a bug in the export path or a corrupt adapter; re-run with --format lora to keep the "
-            "adapter itself, and report the message."
-        )
+        raise GrpoKitError(_verification_failed(fmt, detail, problems))
     return ExportResult(fmt, path, detail, max_abs, limit, mean_tuned, effect, mean_base, note)
+
+
+def _verification_failed(fmt: str, detail: str, problems: list[str]) -> str:
+    return (
+        f"Export verification failed for {fmt} ({detail}): " + "; ".join(problems) + ". Nothing was written to the "
+        "export folder. This is a bug in the export path or a corrupt adapter; re-run with --format lora to keep the "
+        "adapter itself, and report the message."
+    )
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -579,7 +597,10 @@ def push_folder(folder: Path, repo: str) -> str:
         return upload_folder(folder, repo, token)
     except Exception as error:  # network, permissions, bad repo id: say what and keep the token out of it
         message = str(error).replace(token, "***")
-        raise GrpoKitError(f"Upload of {folder} to {repo} failed: {type(error).__name__}: {message}") from None
+        raise GrpoKitError(
+            f"Upload of {folder} to {repo} failed: {type(error).__name__}: {message}. The export itself is complete "
+            f"and verified on disk in {folder}; retry the upload with `huggingface-cli upload {repo} {folder}`."
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------- export
@@ -605,13 +626,14 @@ def export(
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
     from grpo_kit.gguf_export import check_gguf_type
-    from grpo_kit.guards import remove_stale_staging, staging_prefix
+    from grpo_kit.guards import check_adapter, dumps_finite, remove_stale_staging, staging_prefix
     from grpo_kit.model_card import render_model_card
     from grpo_kit.models import EMBEDDED_ID, resolve_model_id
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's adapter/ or checkpoint-N/.")
+    check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
     gguf_types = [check_gguf_type(t) for t in gguf_type.split(",") if t.strip()] if "gguf" in wanted else []
     name = safe_name(name) if name else default_name(adapter_dir)
@@ -666,7 +688,7 @@ def export(
             "repo": push_to_hub,
         }
         (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
-        (staging / _MARKER).write_text(json.dumps(info, indent=2, default=str) + "\n", encoding="utf-8")
+        (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
         promote(staging, target, overwrite)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -358,3 +358,152 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+# --------------------------------------------------------------------------------------------- JSON and adapters
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN/±inf float replaced by None, so ``json.dumps(..., allow_nan=False)`` writes valid JSON.
+
+    Python's ``json`` writes ``NaN``/``Infinity`` by default, which no other JSON reader accepts.
+
+    >>> json_safe({"loss": float("nan"), "rows": [1.5, float("inf")], "name": "x"})
+    {'loss': None, 'rows': [1.5, None], 'name': 'x'}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def dumps_finite(value: Any, **kwargs) -> str:
+    """``json.dumps`` that never writes ``NaN``/``Infinity`` (they become ``null``)."""
+    import json
+
+    return json.dumps(json_safe(value), allow_nan=False, **kwargs)
+
+
+#: The weights file PEFT writes into an adapter folder (and the Trainer into each checkpoint).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
+    """Why the adapter's weights file cannot be used (missing, truncated/unreadable), or None when it opens.
+
+    Only the header is read (cheap): safetensors refuses a file whose size does not match its header.
+    """
+    from safetensors import safe_open
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:  # SafetensorError, OSError: a torn or foreign file
+        return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
+    return None
+
+
+def non_finite_tensors(adapter_dir: str | os.PathLike) -> list[str]:
+    """Names of the adapter's tensors that hold a NaN or ±inf value (the file must be readable)."""
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
+    return sorted(name for name, tensor in tensors.items() if not bool(torch.isfinite(tensor.float()).all()))
+
+
+def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
+    """Refuse an adapter whose weights file is unreadable or holds NaN/inf values; ``use`` says what was asked.
+
+    A NaN adapter would otherwise be exported and "verified" (NaN compares false with any limit) or evaluated
+    as if it were a model.
+    """
+    problem = adapter_weights_problem(adapter_dir)
+    if problem:
+        raise GrpoKitError(
+            f"Cannot {use}: {problem}. Use another checkpoint-N folder of the run, or train again."
+        )
+    bad = non_finite_tensors(adapter_dir)
+    if bad:
+        raise GrpoKitError(
+            f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
+            "training diverged. Use an earlier checkpoint-N folder of the run, or train again with a lower "
+            "--learning-rate."
+        )
+
+
+def adapter_base_message(adapter_dir: str | os.PathLike, base: str, error: BaseException) -> str:
+    """The message for an adapter that does not fit ``base`` (PEFT's size-mismatch RuntimeError)."""
+    import json
+
+    try:
+        config = json.loads((Path(adapter_dir) / "adapter_config.json").read_text(encoding="utf-8"))
+        expected = config.get("base_model_name_or_path") or "(not recorded)"
+    except (OSError, ValueError):
+        expected = "(adapter_config.json unreadable)"
+    return (
+        f"The adapter in {adapter_dir} does not fit the model {base}: it was trained on {expected} "
+        f"(adapter_config.json, base_model_name_or_path). Pass that model as --model. "
+        f"({str(error).strip().splitlines()[0][:160]})"
+    )
+
+
+# --------------------------------------------------------------------------------------------- run folder lock
+
+
+#: Lock file in a run folder: holds the PID of the process training in it.
+LOCK_NAME = ".grpo-kit.lock"
+
+
+def _lock_holder(lock: Path) -> int | None:
+    try:
+        text = lock.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
+    """Take the run folder's lock (creating the folder), or refuse with the PID of the process that holds it.
+
+    Two processes training into one folder interleave their checkpoints and metrics. A lock whose process is gone
+    (killed, crashed) is taken over; one held by this very process (a notebook re-running ``train``) is kept.
+    Released by ``release_run_lock``, and at the latest when this process exits.
+    """
+    import atexit
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lock = run_dir / LOCK_NAME
+    for _ in range(3):  # lost races with another process taking over a stale lock are retried
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None and _process_alive(holder) and holder != os.getpid():
+                raise GrpoKitError(
+                    f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it to end, "
+                    f"stop it (kill {holder}), or choose another --output. If no such process runs, delete {lock}."
+                ) from None
+            if holder == os.getpid():
+                return lock
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(str(os.getpid()))
+        atexit.register(release_run_lock, run_dir)
+        return lock
+    raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
+
+
+def release_run_lock(run_dir: str | os.PathLike) -> None:
+    """Remove the run folder's lock if this process holds it (never another process's lock)."""
+    lock = Path(run_dir) / LOCK_NAME
+    if _lock_holder(lock) == os.getpid():
+        lock.unlink(missing_ok=True)

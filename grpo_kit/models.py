@@ -280,19 +280,28 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
     import torch
     from transformers import AutoModelForCausalLM
 
-    model_id = resolve_model_id(model)
-    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
-    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
-    if adapter is not None:
-        from peft import PeftModel
+    from grpo_kit.guards import adapter_base_message, check_adapter
 
+    model_id = resolve_model_id(model)
+    if adapter is not None:  # a missing, torn or NaN adapter is reported before the base model loads
         adapter_dir = Path(adapter)
         if not (adapter_dir / "adapter_config.json").is_file():
             raise GrpoKitError(
                 f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's 'adapter/' folder "
                 "or one of its 'checkpoint-N/' folders."
             )
-        base = PeftModel.from_pretrained(base, str(adapter_dir))
+        check_adapter(adapter_dir, use=f"load the adapter {adapter_dir}")
+    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    if adapter is not None:
+        from peft import PeftModel
+
+        try:
+            base = PeftModel.from_pretrained(base, str(adapter_dir))
+        except RuntimeError as error:  # "size mismatch for ...": the adapter was trained on another base model
+            if "size mismatch" not in str(error):
+                raise
+            raise GrpoKitError(adapter_base_message(adapter_dir, model, error)) from None
     base.eval()
     return base, tokenizer
 
