@@ -447,10 +447,11 @@ def adapter_base_message(adapter_dir: str | os.PathLike, base: str, error: BaseE
         expected = config.get("base_model_name_or_path") or "(not recorded)"
     except (OSError, ValueError):
         expected = "(adapter_config.json unreadable)"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    detail = next((line for line in lines if "size mismatch" in line), lines[0] if lines else "")
     return (
         f"The adapter in {adapter_dir} does not fit the model {base}: it was trained on {expected} "
-        f"(adapter_config.json, base_model_name_or_path). Pass that model as --model. "
-        f"({str(error).strip().splitlines()[0][:160]})"
+        f"(adapter_config.json, base_model_name_or_path). Pass that model as --model. ({detail[:200]})"
     )
 
 

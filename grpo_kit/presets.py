@@ -95,6 +95,17 @@ def loss_variant_config(name: str) -> dict:
     )
 
 
+#: Annotations of scalar preset fields (strings: this module uses postponed annotations) and how to name them.
+_SCALAR_TYPES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text"}
+
+
+def _is_kind(value, kind: str) -> bool:
+    """``value`` fits the annotation ``kind``; an int is a fine float, a bool is not a number."""
+    if kind == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, {"int": int, "bool": bool, "str": str}[kind]) and (kind == "bool" or not isinstance(value, bool))
+
+
 @dataclass(frozen=True)
 class Preset:
     """One complete recipe. Field names follow TRL's ``GRPOConfig`` where one exists.
@@ -180,6 +191,19 @@ class Preset:
     def validate(self) -> None:
         """Raise ``GrpoKitError`` naming the fix when the numbers cannot work together."""
         where = f"Preset '{self.name}'"
+        bad = [(f.name, v) for f in dataclasses.fields(self)
+               if isinstance(v := getattr(self, f.name), float) and not math.isfinite(v)]
+        if bad:  # ``> 0`` accepts inf, and NaN fails every comparison silently: refuse both by name
+            name, value = bad[0]
+            raise GrpoKitError(
+                f"{where}: {name} is {value}; every number in a recipe must be finite. Pass a finite number "
+                f"(--set {name}=N; the learning rate also with --learning-rate, e.g. 5e-4)."
+            )
+        wrong = [(f.name, f.type, v) for f in dataclasses.fields(self)
+                 if f.type in _SCALAR_TYPES and not _is_kind(v := getattr(self, f.name), f.type)]
+        if wrong:  # a text where a number belongs would fail later with a TypeError deep inside the checks
+            name, kind, value = wrong[0]
+            raise GrpoKitError(f"{where}: {name} expects {_SCALAR_TYPES[kind]}, got {value!r}.")
         if self.num_generations < 2:
             raise GrpoKitError(
                 f"{where}: num_generations is {self.num_generations}; GRPO compares completions within a group, "
@@ -200,7 +224,11 @@ class Preset:
                 f"to {self.max_prompt_length + self.max_completion_length} or shorten the prompt/completion budget."
             )
         if min(self.max_prompt_length, self.max_completion_length, self.lora_rank, self.max_steps) < 1:
-            raise GrpoKitError(f"{where}: lengths, lora_rank and max_steps must be positive.")
+            raise GrpoKitError(
+                f"{where}: lengths, lora_rank and max_steps must be positive, got max_prompt_length="
+                f"{self.max_prompt_length}, max_completion_length={self.max_completion_length}, lora_rank="
+                f"{self.lora_rank}, max_steps={self.max_steps}."
+            )
         if self.precision not in PRECISIONS:
             raise GrpoKitError(f"{where}: precision {self.precision!r} is not one of {', '.join(PRECISIONS)}.")
         if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
@@ -223,7 +251,11 @@ class Preset:
         if self.backend not in BACKENDS:
             raise GrpoKitError(f"{where}: backend {self.backend!r} is not one of {', '.join(BACKENDS)}.")
         if not (self.learning_rate > 0 and self.temperature > 0 and self.warmup_steps >= 0 and self.beta >= 0):
-            raise GrpoKitError(f"{where}: learning_rate and temperature must be > 0, warmup_steps and beta >= 0.")
+            raise GrpoKitError(
+                f"{where}: learning_rate and temperature must be > 0, warmup_steps and beta >= 0, got learning_rate="
+                f"{self.learning_rate}, temperature={self.temperature}, warmup_steps={self.warmup_steps}, "
+                f"beta={self.beta}."
+            )
         if not self.lora_targets:
             raise GrpoKitError(f"{where}: lora_targets is empty; name modules such as {', '.join(ALL_PROJECTIONS)}.")
         if not self.rewards or not all(name and math.isfinite(w) for name, w in self.rewards):

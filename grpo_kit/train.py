@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import math
 import os
 import shutil
 import time
@@ -94,12 +95,17 @@ class TrainResult:
     reward_first: float | None  # mean reward over the first few logged steps
     reward_last: float | None  # mean reward over the last few logged steps
     history: list[dict] = field(default_factory=list, repr=False)
+    already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
         end = "n/a" if self.reward_last is None else f"{self.reward_last:.3f}"
+        head = ""
+        if self.already_finished:
+            head = (f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
+                    "--max-steps with --resume to train on)\n")
         return (
-            f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
+            head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
             f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
         )
 
@@ -205,6 +211,86 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _scalar_kinds(hint) -> set:
+    """The scalar types (bool, int, float, str) an annotation allows; empty when it allows other things too."""
+    import enum
+    import types
+    import typing
+
+    args = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union else (hint,)
+    kinds = set()
+    for arg in args:
+        if arg is type(None):
+            continue
+        if isinstance(arg, type) and issubclass(arg, enum.Enum):
+            kinds.add(str)  # TRL's SchedulerType, OptimizerNames: given by name
+        elif arg in (bool, int, float, str):
+            kinds.add(arg)
+        else:
+            return set()  # lists, dicts, Any: passed through to GRPOConfig as they are
+    return kinds
+
+
+def _field_hints(preset) -> dict[str, Any]:
+    """Field name → annotation, for the preset's fields and GRPOConfig's (the preset wins: split_overrides does too)."""
+    import typing
+
+    from trl import GRPOConfig
+
+    hints = dict(typing.get_type_hints(GRPOConfig))
+    hints.update(typing.get_type_hints(type(preset)))
+    return hints
+
+
+_KIND_NAMES = {bool: "true or false", int: "an integer", float: "a finite number", str: "text"}
+
+
+def coerce_value(name: str, value: Any, kinds: set) -> Any:
+    """``value`` converted to one of ``kinds`` (see ``_scalar_kinds``), or a ``GrpoKitError`` naming field and value.
+
+    >>> coerce_value("max_steps", 3.0, {int}), coerce_value("learning_rate", "1e-4", {float})
+    (3, 0.0001)
+    """
+    if value is None or not kinds or (type(value) in kinds and not isinstance(value, float)):
+        return value
+    if isinstance(value, float) and float in kinds and math.isfinite(value):
+        return value
+    if int in kinds and not isinstance(value, bool):
+        number = _as_number(value)
+        if number is not None and math.isfinite(number) and number == int(number):
+            return int(number)
+    if float in kinds and not isinstance(value, bool):
+        number = _as_number(value)
+        if number is not None and math.isfinite(number):
+            return float(number)
+    if bool in kinds and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if str in kinds and not isinstance(value, (float, bool)):
+        return str(value)
+    expected = " or ".join(_KIND_NAMES[k] for k in (bool, int, float, str) if k in kinds)
+    raise GrpoKitError(f"--set {name}={value}: {name} expects {expected}, got {value!r}. Fix the value and run again.")
+
+
+def _as_number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    try:
+        return float(str(value).strip())
+    except ValueError:
+        return None
+
+
+def coerce_overrides(preset, overrides: dict[str, Any]) -> dict[str, Any]:
+    """Each override converted to its field's type (preset or GRPOConfig) and checked, before any weights load.
+
+    ``--set max_steps=1.5``, ``learning_rate=abc`` or ``learning_rate=nan`` are refused naming field, expected type
+    and value; unknown names pass through to the name check (which suggests the right one).
+    """
+    hints = _field_hints(preset)
+    return {key: coerce_value(key, value, _scalar_kinds(hints[key])) if key in hints else value
+            for key, value in overrides.items()}
+
+
 # --------------------------------------------------------------------------------------------- metrics
 
 
@@ -233,13 +319,15 @@ def make_metrics_logger(path: Path):
     """A ``TrainerCallback`` that appends each training log as one JSON line to ``path``."""
     from transformers import TrainerCallback
 
+    from grpo_kit.guards import dumps_finite
+
     class MetricsLogger(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or not state.is_world_process_zero or "train_runtime" in logs:
                 return
             row = {"step": state.global_step, **_clean(logs)}
             with open(path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(row) + "\n")
+                handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
 
     return MetricsLogger()
 
@@ -260,9 +348,11 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows logged after ``last_step`` (they will be logged again after a resume); atomic rewrite."""
+    from grpo_kit.guards import dumps_finite
+
     rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
     tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    tmp.write_text("".join(dumps_finite(row) + "\n" for row in rows), encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -282,27 +372,105 @@ def reward_first_last(history: list[dict], window: int = 3, key: str = "reward")
 # --------------------------------------------------------------------------------------------- checkpoints
 
 
-def is_complete_checkpoint(folder: Path) -> bool:
-    """A checkpoint is complete when its trainer state and adapter weights are both there and readable."""
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be resumed from, or None when it is complete.
+
+    Complete: a readable ``trainer_state.json``, adapter weights whose file opens, and the optimizer and scheduler
+    state (``optimizer.pt``/``scheduler.pt``, or DeepSpeed's ``global_step*/`` folder). Without those, the Trainer
+    would silently start a fresh optimizer and restart the learning-rate schedule.
+    """
+    from grpo_kit.guards import adapter_weights_problem
+
     state = folder / "trainer_state.json"
-    if not state.is_file() or not any(folder.glob("adapter_model.safetensors")):
-        return False
+    if not state.is_file():
+        return "no trainer_state.json (killed while saving?)"
     try:
         json.loads(state.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return False
-    return True
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "trainer_state.json is torn (not valid JSON)"
+    weights = adapter_weights_problem(folder)
+    if weights:
+        return weights
+    deepspeed = any(path.is_dir() for path in folder.glob("global_step*"))
+    for name, what in (("optimizer.pt", "optimizer"), ("scheduler.pt", "learning-rate scheduler")):
+        if not deepspeed and not (folder / name).is_file():
+            return f"no {name} (the {what} state is missing)"
+    return None
+
+
+def is_complete_checkpoint(folder: Path) -> bool:
+    """True when ``folder`` can be resumed from (see ``checkpoint_problem``)."""
+    return checkpoint_problem(folder) is None
+
+
+def _checkpoints(run_dir: Path) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``checkpoint-N`` folder, newest first."""
+    found = []
+    for folder in run_dir.glob("checkpoint-*"):
+        suffix = folder.name.split("-", 1)[1]
+        if folder.is_dir() and suffix.isdigit():
+            found.append((int(suffix), folder))
+    return sorted(found, reverse=True)
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     """The ``checkpoint-N`` with the highest N that is complete, or None."""
-    run_dir = Path(run_dir)
-    candidates = []
-    for folder in run_dir.glob("checkpoint-*"):
-        suffix = folder.name.split("-", 1)[1]
-        if folder.is_dir() and suffix.isdigit() and is_complete_checkpoint(folder):
-            candidates.append((int(suffix), folder))
-    return max(candidates)[1] if candidates else None
+    for _, folder in _checkpoints(Path(run_dir)):
+        if is_complete_checkpoint(folder):
+            return folder
+    return None
+
+
+def resume_checkpoint(run_dir: Path, *, set_aside: bool) -> Path | None:
+    """The checkpoint to resume from; newer, incomplete ones are reported loudly and, with ``set_aside``, renamed
+    ``damaged-checkpoint-N`` (never deleted: the Trainer would write into them, and nothing in them is lost)."""
+    import warnings
+
+    skipped = []
+    for _, folder in _checkpoints(run_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            if skipped:
+                warnings.warn(
+                    f"--resume: skipped {'; '.join(skipped)}. Resuming from {folder.name}, the newest complete one, "
+                    "with its optimizer and learning-rate state.",
+                    stacklevel=3,
+                )
+            return folder
+        aside = _set_aside(folder) if set_aside else None
+        skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
+    return None
+
+
+def _set_aside(folder: Path) -> Path:
+    target = folder.with_name(f"damaged-{folder.name}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = folder.with_name(f"damaged-{folder.name}.{n}")
+    os.rename(folder, target)
+    return target
+
+
+#: Run folders whose lock this process took in ``train``; released when ``train`` returns or raises.
+_HELD_LOCKS: list[Path] = []
+
+
+def _releases_run_locks(function):
+    """Decorator: release the run-folder locks ``function`` took, however it ends."""
+    import functools
+
+    from grpo_kit.guards import release_run_lock
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        finally:
+            while _HELD_LOCKS:
+                release_run_lock(_HELD_LOCKS.pop())
+
+    return wrapper
 
 
 # --------------------------------------------------------------------------------------------- train
@@ -345,6 +513,7 @@ def _run_info(preset, *, data: str, model: str, overrides: dict, reward_names: l
     }
 
 
+@_releases_run_locks
 def train(
     preset,
     *,
@@ -387,9 +556,11 @@ def train(
         preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))
     else:
         funcs, weights, names = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
+    if max_steps is None and resume and output_dir is not None:
+        max_steps = _recorded_max_steps(Path(output_dir))
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
-    preset, overrides = split_overrides(preset, overrides or {})
+    preset, overrides = split_overrides(preset, coerce_overrides(preset, overrides or {}))
     if curriculum is not None:
         overrides = {**curriculum.config_overrides(), **overrides}  # no shuffling when the order matters
     check_device(preset, detect_device())  # settings are checked before any weights load
@@ -403,9 +574,11 @@ def train(
         from grpo_kit.vllm_server import check_server
 
         check_server(preset, model=model, wait=config.vllm_server_timeout)
-    checkpoint = _prepare_run_dir(run_dir, resume)
-    _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
     is_main = config.process_index == 0
+    checkpoint = _prepare_run_dir(run_dir, resume, is_main=is_main)
+    _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
+    if checkpoint is not None and _checkpoint_step(checkpoint) >= preset.max_steps:
+        return _finished_run(run_dir, checkpoint, is_main)  # the Trainer would run one step past max_steps
 
     policy, tokenizer = load_model(preset, model=model)
     train_set, n_long = prepare_dataset(preset, tokenizer, data, dataset)
@@ -434,6 +607,8 @@ def train(
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
     seconds = time.time() - start
     adapter_dir = _save_adapter(trainer, tokenizer, run_dir)
+    if is_main:
+        _check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
     _write_rank_digest(trainer, run_dir)
     history = read_metrics(metrics_path)
     first, last = reward_first_last(history)
@@ -483,22 +658,85 @@ def _checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.split("-", 1)[1])
 
 
-def _prepare_run_dir(run_dir: Path, resume: bool) -> Path | None:
-    """Create the run folder; on resume return the checkpoint to continue from. Never deletes user data."""
+def _prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Path | None:
+    """Lock and create the run folder; on resume return the checkpoint to continue from. Never deletes user data.
+
+    Only the main process locks and sets damaged checkpoints aside (the others run on the same folder).
+    """
+    from grpo_kit.guards import LOCK_NAME, acquire_run_lock
+
+    no_checkpoint = GrpoKitError(
+        f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at the run folder, "
+        "or drop --resume to start a new run."
+    )
+    if resume and not run_dir.is_dir():
+        raise no_checkpoint
+    if is_main:
+        acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
+        _HELD_LOCKS.append(run_dir)
     if resume:
-        checkpoint = latest_checkpoint(run_dir)
+        checkpoint = resume_checkpoint(run_dir, set_aside=is_main)
         if checkpoint is None:
-            raise GrpoKitError(
-                f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at the run folder, "
-                "or drop --resume to start a new run."
-            )
+            raise no_checkpoint
         return checkpoint
-    if run_dir.exists() and any(run_dir.iterdir()):
+    if run_dir.exists() and any(item.name != LOCK_NAME for item in run_dir.iterdir()):
         raise GrpoKitError(
             f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def _recorded_max_steps(run_dir: Path) -> int | None:
+    """``max_steps`` of the run as first started (``run.json``), so a plain ``--resume`` finishes that run."""
+    try:
+        value = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["preset"]["max_steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _finished_run(run_dir: Path, checkpoint: Path, is_main: bool) -> TrainResult:
+    """The result of a run that already reached ``max_steps``: nothing trains, nothing is rewritten.
+
+    Only when the final adapter is missing (killed between the last checkpoint and the adapter write) is it
+    written, from that checkpoint's adapter files.
+    """
+    adapter = run_dir / "adapter"
+    if is_main and not (adapter / "adapter_config.json").is_file():
+        staging = run_dir / ".adapter.tmp"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(checkpoint, staging, ignore=shutil.ignore_patterns(
+            "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "global_step*"))
+        os.rename(staging, adapter)
+    metrics_path = run_dir / "metrics.jsonl"
+    history = read_metrics(metrics_path)
+    first, last = reward_first_last(history)
+    return TrainResult(run_dir=run_dir, adapter_dir=adapter, metrics_path=metrics_path, steps=_checkpoint_step(checkpoint),
+                       seconds=0.0, reward_first=first, reward_last=last, history=history, already_finished=True)
+
+
+def _check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
+    """A run is done only when its adapter is finite: NaN/inf weights are moved to ``adapter.nonfinite`` and reported.
+
+    The logged loss of the last step is computed before that step's update, so the NumericsGuard cannot see an
+    update that broke the weights (an inf learning rate does exactly that).
+    """
+    from grpo_kit.guards import NumericsError, non_finite_tensors, numerics_message
+
+    bad = non_finite_tensors(adapter_dir)
+    if not bad:
+        return
+    aside = run_dir / "adapter.nonfinite"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(adapter_dir, aside)
+    raise NumericsError(
+        numerics_message(step, "the final adapter", f"NaN/inf in {len(bad)} tensor(s)", run_dir, checkpoint_is_clean=False)
+        + f" The broken adapter was moved to {aside}.",
+        step=step,
+        metric="adapter",
+        value=bad[0],
+    )
 
 
 def _save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
@@ -599,6 +837,9 @@ def cli_train(args) -> int:
         lenient=getattr(args, "lenient", False),
     )
     if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
+        return 0
+    if result.already_finished:  # nothing changed, not even the plot
+        print(result.summary())
         return 0
     plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
     print("\n" + result.summary() + f"\nplot: {plot}")

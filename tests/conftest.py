@@ -88,3 +88,31 @@ def _make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0, target
 def make_adapter():
     """``make_adapter(base_dir, out_dir, *, std=0.05, seed=0, targets=ALL_TARGETS)``: a LoRA adapter that changes logits."""
     return _make_adapter
+
+
+def _fake_checkpoint(run_dir, step: int, *, skip=(), state: bool = True):
+    """A ``checkpoint-<step>`` folder as the Trainer writes it (tiny adapter weights, optimizer and scheduler state),
+    minus the files named in ``skip``; ``state=False`` leaves out ``trainer_state.json`` (killed while saving)."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder = run_dir / f"checkpoint-{step}"
+    folder.mkdir(parents=True)
+    save_file({"base_model.model.lora_B.weight": torch.full((2, 2), float(step))},
+              str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
+    if state:
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    for name in ("optimizer.pt", "scheduler.pt"):
+        (folder / name).write_bytes(b"state")
+    for name in skip:
+        (folder / name).unlink()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def fake_checkpoint():
+    """``fake_checkpoint(run_dir, step, *, skip=(), state=True)``: a complete checkpoint folder without training."""
+    return _fake_checkpoint

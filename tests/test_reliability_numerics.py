@@ -67,10 +67,8 @@ def test_guard_raises_on_the_first_bad_log_with_step_and_metric(metric, value, t
     assert "No complete checkpoint" in str(error)  # and says whether there is one to resume from
 
 
-def test_guard_points_at_the_last_complete_checkpoint(tmp_path):
-    (tmp_path / "checkpoint-4").mkdir()
-    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text('{"global_step": 4}')
-    (tmp_path / "checkpoint-4" / "adapter_model.safetensors").write_bytes(b"x")
+def test_guard_points_at_the_last_complete_checkpoint(tmp_path, fake_checkpoint):
+    fake_checkpoint(tmp_path, 4)
     (tmp_path / "checkpoint-5").mkdir()  # half-written: not offered
     with pytest.raises(NumericsError) as info:
         NumericsGuard(tmp_path).on_log(_args(), _state(5), None, logs={"loss": NAN})
@@ -133,12 +131,10 @@ def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):
             raise RuntimeError("unrelated")
 
 
-def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path):
+def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path, fake_checkpoint):
     import torch
 
-    (tmp_path / "checkpoint-20").mkdir()
-    (tmp_path / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
-    (tmp_path / "checkpoint-20" / "adapter_model.safetensors").write_bytes(b"x")
+    fake_checkpoint(tmp_path, 20)
     trainer = SimpleNamespace(state=_state(23))
     with pytest.raises(GrpoKitError) as info:
         with guard_numerics(trainer, tmp_path):

@@ -96,3 +96,292 @@ def test_json_safe_writes_null_for_non_finite():
     from grpo_kit.guards import dumps_finite
 
     assert _strict_json(dumps_finite({"a": NAN, "b": [INF, 1.0]})) == {"a": None, "b": [None, 1.0]}
+
+
+# ------------------------------------------------------------------------------------------------ shared helpers
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if any weights are loaded: these problems must be caught before."""
+    import grpo_kit.models as models
+
+    def refuse(*args, **kwargs):
+        pytest.fail("a model was loaded before the problem was reported")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_inference_model", refuse)
+
+
+@pytest.fixture
+def fake_run(fake_checkpoint):
+    """``fake_run(run_dir, steps)``: a finished run folder (run.json, metrics 1..steps, checkpoints, adapter/)."""
+    import shutil
+
+    def make(run_dir, steps: int):
+        run_dir.mkdir(parents=True)
+        (run_dir / "run.json").write_text(json.dumps({"preset": {"max_steps": steps}}))
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n"
+                                                       for s in range(1, steps + 1)))  # fmt: skip
+        for step in range(1, steps + 1):
+            fake_checkpoint(run_dir, step)
+        shutil.copytree(run_dir / f"checkpoint-{steps}", run_dir / "adapter")
+        return run_dir
+
+    return make
+
+
+def snapshot(folder) -> dict:
+    """Every file under ``folder`` with its bytes: equal snapshots mean nothing was changed, added or removed."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+TINY_CLI = ["--preset", "cpu", "--data", "sample", "--num-generations", "2", "--set", "per_device_train_batch_size=2",
+            "--set", "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ 2. non-finite settings
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--learning-rate", "inf"],
+        ["--learning-rate", "nan"],
+        ["--temperature", "inf"],
+        ["--set", "learning_rate=Infinity"],
+        ["--set", "learning_rate=-Infinity"],
+        ["--set", "max_grad_norm=NaN"],
+        ["--set", "epsilon=Infinity"],
+    ],
+)
+def test_non_finite_settings_are_refused_before_any_weights_load(argv, tmp_path, capsys, no_model_load):
+    err = _cli_error(capsys, ["train", *TINY_CLI, *argv, "--output", str(tmp_path / "run")])
+    assert "finite" in err and ("inf" in err or "nan" in err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
+    from types import SimpleNamespace
+
+    from grpo_kit.train import make_metrics_logger, truncate_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    logger = make_metrics_logger(path)
+    for step, loss in ((1, 0.5), (2, INF), (3, NAN)):
+        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
+        logger.on_log(None, state, None, logs={"loss": loss, "learning_rate": INF})
+    rows = [_strict_json(line) for line in path.read_text().splitlines()]
+    assert [(row["step"], row["loss"], row["learning_rate"]) for row in rows] == [(1, 0.5, None), (2, None, None),
+                                                                                  (3, None, None)]
+    truncate_metrics(path, 2)
+    assert [_strict_json(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
+
+
+def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, make_adapter):
+    from grpo_kit.guards import NumericsError
+    from grpo_kit.train import _check_saved_adapter
+
+    run_dir = tmp_path / "run"
+    adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
+    _check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
+    _poison(adapter, INF)
+    with pytest.raises(NumericsError, match="final adapter.*NaN/inf.*adapter.nonfinite"):
+        _check_saved_adapter(adapter, run_dir, 4)
+    assert not adapter.exists() and (run_dir / "adapter.nonfinite" / "adapter_model.safetensors").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ 3. finished runs
+
+
+def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys, no_model_load, fake_run):
+    run_dir = fake_run(tmp_path / "run", 4)
+    before = snapshot(run_dir)
+    for extra in ([], ["--max-steps", "4"], ["--max-steps", "3"]):
+        assert main(["train", *TINY_CLI, "--output", str(run_dir), "--resume", *extra]) == 0
+        out = capsys.readouterr().out
+        assert "already finished: step 4 of 4" in out and str(run_dir / "adapter") in out
+        assert snapshot(run_dir) == before
+
+
+def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_path, no_model_load, fake_run):
+    import shutil
+
+    from grpo_kit.presets import get_preset
+    from grpo_kit.train import train
+
+    run_dir = fake_run(tmp_path / "run", 2)
+    shutil.rmtree(run_dir / "adapter")  # killed after the last checkpoint, before the adapter was written
+    result = train(get_preset("cpu"), data="sample", output_dir=run_dir, resume=True)
+    assert result.already_finished and result.steps == 2
+    assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
+        run_dir / "checkpoint-2" / "adapter_model.safetensors").read_bytes()
+    assert not (result.adapter_dir / "optimizer.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------------ 4. run folder lock
+
+
+@pytest.fixture
+def other_process():
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_path, capsys, other_process,
+                                                                           no_model_load, fake_checkpoint):
+    from grpo_kit.guards import LOCK_NAME
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_NAME).write_text(str(other_process.pid))
+    err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir)])
+    assert f"PID {other_process.pid}" in err and "another --output" in err
+    assert (run_dir / LOCK_NAME).read_text() == str(other_process.pid)  # the other run's lock is left alone
+
+    fake_checkpoint(run_dir, 1)  # a --resume while it runs is refused the same way
+    err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir), "--resume"])
+    assert f"PID {other_process.pid}" in err
+
+
+def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    import grpo_kit.models as models
+    from grpo_kit.guards import LOCK_NAME
+    from grpo_kit.presets import get_preset
+    from grpo_kit.train import train
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / LOCK_NAME).write_text(str(dead.pid))
+    seen = []
+
+    def stop_at_load(*args, **kwargs):  # the run got past the lock: record who holds it, then stop
+        seen.append((run_dir / LOCK_NAME).read_text())
+        raise GrpoKitError("stop here")
+
+    monkeypatch.setattr(models, "load_model", stop_at_load)
+    with pytest.raises(GrpoKitError, match="stop here"):
+        train(get_preset("cpu"), data="sample", output_dir=run_dir)
+    import os
+
+    assert seen == [str(os.getpid())]
+    assert not (run_dir / LOCK_NAME).exists()  # released when train() ended, even by an error
+
+
+# ------------------------------------------------------------------------------------------------ 5./6. checkpoints
+
+
+@pytest.mark.parametrize("missing", ["optimizer.pt", "scheduler.pt"])
+def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fake_checkpoint):
+    from grpo_kit.train import latest_checkpoint, resume_checkpoint
+
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 3, skip=[missing])
+    assert latest_checkpoint(tmp_path).name == "checkpoint-2"
+    with pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from checkpoint-2"):
+        assert resume_checkpoint(tmp_path, set_aside=True).name == "checkpoint-2"
+    assert (tmp_path / "damaged-checkpoint-3" / "adapter_model.safetensors").is_file()  # kept, not deleted
+
+
+def test_deepspeed_checkpoint_keeps_its_optimizer_in_global_step_folder(tmp_path, fake_checkpoint):
+    from grpo_kit.train import latest_checkpoint
+
+    folder = fake_checkpoint(tmp_path, 5, skip=["optimizer.pt", "scheduler.pt"])
+    (folder / "global_step5").mkdir()
+    assert latest_checkpoint(tmp_path) == folder
+
+
+def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(tmp_path, fake_checkpoint):
+    from grpo_kit.train import latest_checkpoint, resume_checkpoint
+
+    fake_checkpoint(tmp_path, 2)
+    weights = fake_checkpoint(tmp_path, 3) / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 7])
+    assert latest_checkpoint(tmp_path).name == "checkpoint-2"
+    with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-checkpoint-3"):
+        assert resume_checkpoint(tmp_path, set_aside=True).name == "checkpoint-2"
+    assert (tmp_path / "damaged-checkpoint-3" / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_truncated_adapter_is_a_clear_error_for_export_and_eval(command, tiny_model_dir, make_adapter, tmp_path,
+                                                                capsys):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "run" / "adapter")
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    argv = {"export": ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--out-dir",
+                       str(tmp_path / "exports")],
+            "eval": ["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter), "--data", "sample",
+                     "--limit", "1"]}[command]  # fmt: skip
+    err = _cli_error(capsys, argv)
+    assert "cannot be read" in err and "checkpoint-N" in err
+
+
+@pytest.fixture(scope="module")
+def other_base_dir(tmp_path_factory, tiny_model_dir):
+    """A tiny Llama of another width, sharing the tokenizer: an adapter for tiny_model_dir does not fit it."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("other-base")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.mark.parametrize("command", ["export", "eval"])
+def test_adapter_of_another_base_names_the_base_it_expects(command, tiny_model_dir, other_base_dir, make_adapter,
+                                                          tmp_path, capsys):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "run" / "adapter")
+    argv = {"export": ["export", "--adapter", str(adapter), "--model", str(other_base_dir), "--out-dir",
+                       str(tmp_path / "exports")],
+            "eval": ["eval", "--model", str(other_base_dir), "--adapter", str(adapter), "--data", "sample",
+                     "--limit", "1"]}[command]  # fmt: skip
+    err = _cli_error(capsys, argv)
+    assert f"trained on {tiny_model_dir}" in err and "--model" in err and "size mismatch" in err
+
+
+# ------------------------------------------------------------------------------------------------ 6. typed --set
+
+
+@pytest.mark.parametrize(
+    ("pair", "expected"),
+    [
+        ("learning_rate=abc", "learning_rate expects a finite number, got 'abc'"),
+        ("max_completion_length=abc", "max_completion_length expects an integer, got 'abc'"),
+        ("num_generations=abc", "num_generations expects an integer, got 'abc'"),
+        ("max_steps=1.5", "max_steps expects an integer, got 1.5"),
+        ("learning_rate=nan", "learning_rate expects a finite number, got 'nan'"),
+        ("epsilon_high=big", "epsilon_high expects a finite number, got 'big'"),
+        ("use_vllm=maybe", "use_vllm expects true or false, got 'maybe'"),
+        ("temperature=[1]", "temperature expects a finite number, got [1]"),
+    ],
+)
+def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tmp_path, capsys, no_model_load):
+    err = _cli_error(capsys, ["train", *TINY_CLI, "--set", pair, "--output", str(tmp_path / "run")])
+    assert expected in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
+    from grpo_kit.presets import get_preset
+    from grpo_kit.train import coerce_overrides, parse_overrides
+
+    overrides = coerce_overrides(get_preset("cpu"), parse_overrides(
+        ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"]))
+    assert overrides == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
+                         "use_vllm": False}
+    assert type(overrides["max_steps"]) is int and type(overrides["beta"]) is float

@@ -71,19 +71,10 @@ def test_parse_overrides_reads_json_values_and_rejects_garbage():
         parse_overrides(["beta"])
 
 
-def _fake_checkpoint(run_dir, step, complete=True):
-    folder = run_dir / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    (folder / "adapter_model.safetensors").write_bytes(b"x")
-    if complete:
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    return folder
-
-
-def test_latest_checkpoint_skips_half_written(tmp_path):
-    _fake_checkpoint(tmp_path, 2)
-    _fake_checkpoint(tmp_path, 10)
-    _fake_checkpoint(tmp_path, 12, complete=False)  # killed while writing
+def test_latest_checkpoint_skips_half_written(tmp_path, fake_checkpoint):
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 10)
+    fake_checkpoint(tmp_path, 12, state=False)  # killed while writing
     (tmp_path / "checkpoint-14").mkdir()  # killed right after mkdir
     assert latest_checkpoint(tmp_path).name == "checkpoint-10"
     (tmp_path / "checkpoint-10" / "trainer_state.json").write_text("{trunc")  # torn state file
