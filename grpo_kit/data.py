@@ -22,6 +22,7 @@ re-exported here for convenience.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
@@ -84,7 +85,7 @@ HUB_DATASET = "openai/gsm8k"
 HUB_CONFIG = "main"
 #: Bundled sample files, written by the grpo-kit authors (not GSM8K; see grpo_kit/resources/README.md).
 SAMPLE_FILES = {"train": "gsm8k_sample_train.jsonl", "test": "gsm8k_sample_test.jsonl"}
-LOCAL_FORMATS = (".jsonl", ".json", ".parquet")
+LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
 #: How many skip reasons a warning and ``LoadReport.reasons`` keep.
 MAX_REASONS = 5
 #: Sizes of the synthetic arithmetic splits that ``load_gsm8k("arithmetic", split)`` generates.
@@ -137,8 +138,18 @@ def extract_gsm8k_answer(text: str) -> str:
         raise ValueError("nothing follows '####' (expected the final number, e.g. '#### 72')")
     canonical = _plain_number(tail)
     if canonical is None:
-        raise ValueError(f"the text after '####' is not a number: {tail[:60]!r}")
+        raise ValueError(_not_a_number("the text after '####'", tail))
     return canonical
+
+
+def _not_a_number(what: str, text: str) -> str:
+    """"not a number", or "too large" for a number with more digits than answers are compared on."""
+    from grpo_kit.answers import MAX_DIGITS
+
+    if _PLAIN_NUMBER.fullmatch(text) or _FRACTION.fullmatch(text):
+        return (f"{what} is a number too large to use ({len(re.sub(r'[^0-9]', '', text))} digits; answers are "
+                f"compared on at most {MAX_DIGITS}): {text.strip()[:60]!r}")
+    return f"{what} is not a number: {text.strip()[:60]!r}"
 
 
 def _plain_number(text: str) -> str | None:
@@ -172,6 +183,8 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
     if not value.strip():
         raise ValueError("the answer is empty")
     canonical = _plain_number(value)
+    if canonical is None and (_PLAIN_NUMBER.fullmatch(value) or _FRACTION.fullmatch(value)):
+        raise ValueError(_not_a_number("the answer", value))
     if canonical is None:
         raise ValueError(f"the answer is neither a number nor a GSM8K text ending in '#### N': {value.strip()[:60]!r}")
     return canonical, f"#### {canonical}"
@@ -184,8 +197,10 @@ def _number_value(value: int | float) -> str:
     except InvalidOperation as err:
         raise ValueError(f"the answer {value!r} is not a number") from err
     canonical = normalize_number(format(exact, "f")) if exact.is_finite() else None
+    if canonical is None and exact.is_finite():
+        raise ValueError(_not_a_number("the answer", format(exact, "f")))
     if canonical is None:
-        raise ValueError(f"the answer {value!r} is not a finite number of sensible size")
+        raise ValueError(f"the answer {value!r} is not a finite number")
     return canonical
 
 
@@ -277,21 +292,57 @@ def _records(source: str, split: str) -> tuple[str, Iterator[tuple[str, Any]]]:
     return _file_records(Path(source))
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when a TCP connection to the Hub's endpoint opens within ``timeout`` seconds.
+
+    Without it, an unplugged machine spends ~30 s in the Hub client's retries before ``--data gsm8k`` fails.
+    """
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def _offline_hub():
+    """Make ``datasets`` and ``huggingface_hub`` use their caches only (read at call time by both libraries)."""
+    import datasets
+    from huggingface_hub import constants
+
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE
+    datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+
+
 def _hub_records(split: str) -> Iterator[tuple[str, Any]]:
     import datasets
     from datasets.exceptions import DatasetsError
 
+    unreachable = not datasets.config.HF_HUB_OFFLINE and not hub_reachable()
     try:
-        hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
+        with _offline_hub() if unreachable else contextlib.nullcontext():  # a cached copy still loads at once
+            hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
+        why = "the Hub is unreachable from this machine and no cached copy was found" if unreachable else (
+            f"{type(err).__name__}: {str(err)[:200]}")
         raise GrpoKitError(
             f"Could not load {HUB_DATASET} (config {HUB_CONFIG!r}, split {split!r}) from the Hugging Face Hub or "
-            f"its cache: {type(err).__name__}: {str(err)[:200]}\n"
+            f"its cache: {why}\n"
             "Check your network connection (and that HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set), or work "
             "without the Hub:\n"
             f"  - the bundled sample:  --data sample   (load_gsm8k('sample', {split!r}))\n"
-            "  - a local file:        --data path/to/train.jsonl   (.jsonl, .json or .parquet with 'question' and "
-            "'answer' fields, the answer ending in '#### N')"
+            "  - a local file:        --data path/to/train.jsonl   (.jsonl, .json, .parquet or .csv with 'question' "
+            "and 'answer' fields, the answer ending in '#### N')"
         ) from err
     for index, row in enumerate(hub, start=1):
         yield f"row {index}", row
@@ -311,6 +362,13 @@ def _arithmetic_records(split: str) -> Iterator[tuple[str, Any]]:
 def _file_records(path: Path) -> tuple[str, Iterator[tuple[str, Any]]]:
     accepted = ", ".join(LOCAL_FORMATS)
     suffix = path.suffix.lower()
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
+        raise GrpoKitError(
+            f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' fields"
+            + (f", e.g. {path / found[0]} (this folder has {', '.join(found)})." if found else
+               "; this folder holds none.")
+        )
     if not path.is_file():
         raise GrpoKitError(
             f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic' "
@@ -325,6 +383,8 @@ def _file_records(path: Path) -> tuple[str, Iterator[tuple[str, Any]]]:
         raise GrpoKitError(f"{path} is empty. Write one JSON object per line with 'question' and 'answer'.")
     if suffix == ".json":
         return str(path), _json_records(data, str(path))
+    if suffix == ".csv":
+        return str(path), _csv_records(data, str(path))
     return str(path), _jsonl_records(data, str(path))
 
 
@@ -370,6 +430,30 @@ def _json_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
         yield f"row {index}", record
 
 
+def _csv_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
+    """Rows of a CSV file with a header line naming 'question' and 'answer' (quoted multi-line cells are fine)."""
+    import csv
+    import io
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as UTF-8 CSV.") from err
+    reader = csv.DictReader(io.StringIO(text, newline=""))
+    missing = [column for column in ("question", "answer") if column not in (reader.fieldnames or [])]
+    if missing:
+        raise GrpoKitError(
+            f"{name}: missing column(s) {missing}; the header line has {reader.fieldnames}. A GSM8K CSV needs the "
+            "columns 'question' and 'answer' (the answer ending in '#### N', or a plain number)."
+        )
+    try:
+        for record in reader:
+            yield f"line {reader.line_num}", {"question": record["question"], "answer": record["answer"]}
+    except csv.Error as err:
+        raise GrpoKitError(f"{name}, line {reader.line_num}: not valid CSV ({err}).") from err
+
+
 def _parquet_records(path: Path) -> Iterator[tuple[str, Any]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -401,7 +485,8 @@ def _validate(records: Iterable[tuple[str, Any]], label: str, *, lenient: bool) 
         except ValueError as err:
             if not lenient:
                 raise GrpoKitError(
-                    f"{label}, {where}: {err}. Fix that row, or load with lenient=True (grpo-kit train --lenient) to skip bad rows (they are counted and reported)."
+                    f"{label}, {where}: {err}. Fix that row. (Training can skip bad rows instead, counted and "
+                    "reported: grpo-kit train --lenient, or lenient=True in Python.)"
                 ) from None
             skipped += 1
             notes.append(f"{where}: {err}")
@@ -632,7 +717,8 @@ def format_for_grpo(
             columns[key].append(value)
     if not columns["prompt"]:
         raise GrpoKitError(
-            f"All {filtered} prompts are longer than max_prompt_tokens={max_prompt_tokens} (the longest has "
-            f"{longest} tokens). Raise the prompt budget, or use fewer few-shot examples or a shorter system prompt."
+            f"All {filtered} prompts are longer than the prompt budget of {max_prompt_tokens} tokens (the longest has "
+            f"{longest}). Raise it (--set max_prompt_length={longest}), or use fewer few-shot examples "
+            "(--set few_shot=0)."
         )
     return Dataset.from_dict(columns), filtered

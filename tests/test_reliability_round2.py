@@ -385,3 +385,61 @@ def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
     assert overrides == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
                          "use_vllm": False}
     assert type(overrides["max_steps"]) is int and type(overrides["beta"]) is float
+
+
+# ------------------------------------------------------------------------------------------------ real tiny runs
+
+REAL = ["--preset", "cpu", "--data", "arithmetic", "--rewards", "format", "--num-generations", "2",
+        "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
+        "--set", "save_steps=1", "--set", "logging_steps=1"]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(tiny_model_dir, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    base = ["train", *REAL, "--model", str(tiny_model_dir), "--output", str(run_dir)]
+    assert main([*base, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    before = snapshot(run_dir)
+    assert main([*base, "--resume"]) == 0  # the run.json max_steps (2) is the target
+    assert "already finished: step 2 of 2" in capsys.readouterr().out
+    assert snapshot(run_dir) == before  # no checkpoint-3, no metrics row, adapter untouched
+    assert main([*base, "--resume", "--max-steps", "3"]) == 0
+    from grpo_kit.train import latest_checkpoint, read_metrics
+
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert latest_checkpoint(run_dir).name == "checkpoint-3"
+
+
+def varied(completions, **kwargs):
+    """Completion length / 100: random text always varies, so every group has an advantage to learn from."""
+    return [len(c[-1]["content"] if isinstance(c, list) else c) / 100 for c in completions]
+
+
+@pytest.mark.slow
+def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_dir, tmp_path, monkeypatch):
+    """The last update overflows the weights (as an inf learning rate does): its loss was logged before the update,
+    so the NumericsGuard sees nothing, and only the check of the saved adapter stops the run being called done."""
+    from transformers import TrainerCallback
+
+    from grpo_kit.guards import NumericsError
+    from grpo_kit.presets import get_preset
+    from grpo_kit.rewards import REWARDS
+    from grpo_kit.train import read_metrics, train
+
+    class OverflowLastUpdate(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == state.max_steps:
+                with torch.no_grad():
+                    next(p for n, p in model.named_parameters() if "lora_B" in n).fill_(INF)
+
+    monkeypatch.setitem(REWARDS, "varied", varied)
+    run_dir = tmp_path / "run"
+    preset = get_preset("cpu", model=str(tiny_model_dir), max_steps=2, num_generations=2, per_device_train_batch_size=2,
+                        gradient_accumulation_steps=1, max_completion_length=8, save_steps=1, logging_steps=1,
+                        few_shot=0)  # fmt: skip
+    with pytest.raises(NumericsError, match="final adapter.*adapter.nonfinite") as info:
+        train(preset, data="arithmetic", output_dir=run_dir, rewards="varied", callbacks=(OverflowLastUpdate(),))
+    assert info.value.step == 2 and info.value.metric == "adapter"
+    assert not (run_dir / "adapter").exists() and (run_dir / "adapter.nonfinite").is_dir()
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]
