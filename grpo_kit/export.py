@@ -530,6 +530,19 @@ def _write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> Non
 # --------------------------------------------------------------------------------------------- folder handling
 
 
+def check_writable(out_dir: Path) -> None:
+    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as error:
+        raise GrpoKitError(
+            f"Cannot write exports into {out_dir}: {error.strerror or error}. Choose another --out-dir, a folder you "
+            "can write to."
+        ) from None
+
+
 def check_target(target: Path, overwrite: bool) -> None:
     """Refuse an existing export unless ``overwrite`` (checked before any work, and again before the rename)."""
     if target.exists() and not overwrite:
@@ -632,7 +645,9 @@ def export(
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
-        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's adapter/ or checkpoint-N/.")
+        inside = adapter_dir / "adapter"  # --adapter given the run folder instead of its adapter/
+        hint = f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
+        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
     gguf_types = [check_gguf_type(t) for t in gguf_type.split(",") if t.strip()] if "gguf" in wanted else []
@@ -646,6 +661,7 @@ def export(
     if "merged16" in wanted or "gguf" in wanted:  # a LoRA alone is checked on the base it was trained on
         base_model, base_note = sixteen_bit_base(base_model)
     base_path = resolve_model_id(base_model)
+    check_writable(out_dir)  # before the minutes of loading and merging
 
     model, tokenizer, reference = load_reference(base_path, adapter_dir)
     route = gguf_route(model.get_base_model().config, tokenizer) if gguf_types else "cpu"
@@ -690,6 +706,12 @@ def export(
         (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
         (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
         promote(staging, target, overwrite)
+    except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
+        raise GrpoKitError(
+            f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was changed in "
+            f"{target}, and the partial files were removed. Free disk space (merged16 needs about twice the model's "
+            "16-bit size while it is verified) or choose another --out-dir, then run the export again."
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     say = print_fn or (lambda line: None)

@@ -480,8 +480,11 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
     import atexit
 
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     lock = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where the folder should be, no write permission, a read-only disk
+        raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
     for _ in range(3):  # lost races with another process taking over a stale lock are retried
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -496,11 +499,20 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
                 return lock
             lock.unlink(missing_ok=True)  # stale: its process is gone
             continue
+        except OSError as error:
+            raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(str(os.getpid()))
         atexit.register(release_run_lock, run_dir)
         return lock
     raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
+
+
+def _unusable_run_dir(run_dir: Path, error: OSError) -> str:
+    return (
+        f"{run_dir} cannot be used as a run folder: {error.strerror or error} ({error.filename or run_dir}). "
+        "Choose another --output, a folder you can write to."
+    )
 
 
 def release_run_lock(run_dir: str | os.PathLike) -> None:

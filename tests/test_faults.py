@@ -1,0 +1,533 @@
+"""Fault injection: bad inputs and faults a new user meets, each through the CLI as the user would meet it.
+
+Every case in ``CASES`` runs ``grpo-kit ...`` against a scratch folder prepared by its ``setup`` and checks the four
+promises of docs/TROUBLESHOOTING.md ("What the kit does with bad input"):
+
+1. the exit status (2 for a refused input, 0 where the kit can carry on);
+2. a short message on stderr that names the problem and the fix (``expect``: texts that must appear in it);
+3. no traceback;
+4. nothing lost: every file that existed before the command is still there, byte for byte.
+
+Cases whose area is data or settings must be refused before any weights load (``no_model_load`` fails the test
+otherwise); export and eval cases use the tiny random Llama of tests/conftest.py, which loads in milliseconds.
+The table in docs/TROUBLESHOOTING.md lists the same cases; ``test_troubleshooting_table_lists_every_case`` keeps
+the two equal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from grpo_kit.cli import main
+
+MAX_ERROR_LINES = 15
+GOOD = {"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}
+TINY = ["--preset", "cpu", "--num-generations", "2", "--set", "per_device_train_batch_size=2", "--set",
+        "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
+PRELOAD_AREAS = {"data", "settings", "resume"}  # refused before any weights load
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fault: ``argv`` (``{tmp}``, ``{tiny}``, ``{adapter}`` are filled in), what ``setup`` prepares first."""
+
+    id: str
+    area: str
+    argv: tuple[str, ...]
+    expect: tuple[str, ...]
+    setup: Callable | None = None
+    code: int = 2
+    outcome: str = ""  # the one-line outcome for the docs table
+
+
+# ------------------------------------------------------------------------------------------------ setups
+
+
+def _jsonl(name, *rows, raw: bytes = b""):
+    def make(tmp, env):
+        lines = [json.dumps(row).encode() if not isinstance(row, bytes) else row for row in rows]
+        (tmp / name).write_bytes(b"\n".join(lines) + b"\n" + raw if lines else raw)
+
+    return make
+
+
+def _file(name, data: bytes):
+    def make(tmp, env):
+        (tmp / name).write_bytes(data)
+
+    return make
+
+
+def _parquet(name, columns: dict):
+    def make(tmp, env):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.table(columns), tmp / name)
+
+    return make
+
+
+def _folder(*files):
+    def make(tmp, env):
+        (tmp / "data").mkdir()
+        for name in files:
+            (tmp / "data" / name).write_text(json.dumps(GOOD) + "\n")
+
+    return make
+
+
+def _adapter(damage=None):
+    """A LoRA adapter for the tiny model at ``{tmp}/run/adapter``, optionally damaged."""
+
+    def make(tmp, env):
+        adapter = env["make_adapter"](env["tiny"], tmp / "run" / "adapter")
+        if damage:
+            damage(adapter, env)
+
+    return make
+
+
+def _truncate(adapter, env):
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])
+
+
+def _nan(adapter, env):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(adapter / "adapter_model.safetensors"))
+    name = sorted(n for n in tensors if "lora_B" in n)[0]
+    tensors[name] = tensors[name] * float("nan")
+    save_file(tensors, str(adapter / "adapter_model.safetensors"))
+
+
+def _other_base(tmp, env):
+    """A tiny Llama of another width at ``{tmp}/other`` and an adapter made for the tiny model at ``{tmp}/run``."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(env["tiny"])
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    LlamaForCausalLM(config).save_pretrained(tmp / "other")
+    tokenizer.save_pretrained(tmp / "other")
+    _adapter()(tmp, env)
+
+
+def _no_tokenizer_model(tmp, env):
+    """A model folder with config and weights but no tokenizer files."""
+    import shutil
+
+    shutil.copytree(env["tiny"], tmp / "model", ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*",
+                                                                               "chat_template*"))
+
+
+def _run_with(*names, steps=None, lock=None, adapter=False):
+    """A run folder with ``names`` in it; ``steps``: checkpoints 1..steps (``adapter``: and the final adapter from
+    the last); ``lock``: held by a 'live' or a 'dead' process."""
+    import shutil
+
+    def make(tmp, env):
+        run = tmp / "run"
+        run.mkdir()
+        for name in names:
+            (run / name).write_text("kept")
+        for step in range(1, (steps or 0) + 1):
+            env["fake_checkpoint"](run, step)
+        if steps:
+            (run / "run.json").write_text(json.dumps({"preset": {"max_steps": steps}}))
+        if adapter:
+            shutil.copytree(run / f"checkpoint-{steps}", run / "adapter")
+        if lock:
+            from grpo_kit.guards import LOCK_NAME
+
+            (run / LOCK_NAME).write_text(str(env[f"{lock}_pid"]))
+
+    return make
+
+
+def _damaged_last_checkpoint(damage):
+    """A run finished at step 1 whose later checkpoint-2 was damaged by a kill or a full disk (``damage``)."""
+
+    def make(tmp, env):
+        _run_with(steps=1, adapter=True)(tmp, env)
+        folder = env["fake_checkpoint"](tmp / "run", 2)
+        damage(folder)
+
+    return make
+
+
+def _cut(name, keep=None):
+    def damage(folder):
+        path = folder / name
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) // 2 if keep is None else keep])
+
+    return damage
+
+
+def _drop(name):
+    return lambda folder: (folder / name).unlink()
+
+
+def _export_exists(tmp, env):
+    _adapter()(tmp, env)
+    (tmp / "exports" / "run").mkdir(parents=True)
+    (tmp / "exports" / "run" / "export.json").write_text('{"old": true}')
+
+
+def _read_only(path_name, inner=None):
+    """``{tmp}/<path_name>`` refuses new entries. Simulated at ``os.mkdir``/``os.open``: chmod does not stop root."""
+
+    def make(tmp, env):
+        import errno
+
+        if inner:
+            inner(tmp, env)
+        folder = tmp / path_name
+        folder.mkdir()
+        real_mkdir, real_open = os.mkdir, os.open
+
+        def inside(path) -> bool:
+            return Path(path).resolve().is_relative_to(folder.resolve())
+
+        def mkdir(path, *args, **kwargs):
+            if inside(path):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_mkdir(path, *args, **kwargs)
+
+        def open_(path, flags, *args, **kwargs):
+            if inside(path) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT):
+                raise PermissionError(errno.EACCES, "Permission denied", str(path))
+            return real_open(path, flags, *args, **kwargs)
+
+        env["monkeypatch"].setattr(os, "mkdir", mkdir)
+        env["monkeypatch"].setattr(os, "open", open_)
+
+    return make
+
+
+def _disk_full(tmp, env):
+    import errno
+
+    import grpo_kit.export as export_module
+
+    _adapter()(tmp, env)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    env["monkeypatch"].setattr(export_module, "_write_lora", no_space)
+
+
+def _upload_fails(tmp, env):
+    import grpo_kit.export as export_module
+
+    _adapter()(tmp, env)
+    env["monkeypatch"].setenv("HF_TOKEN", "hf_FAKEtoken0123456789SECRET")
+
+    def refuse(folder, repo, token):
+        raise RuntimeError(f"403 Forbidden for {repo} with {token}")
+
+    env["monkeypatch"].setattr(export_module, "upload_folder", refuse)
+
+
+def _no_token(tmp, env):
+    _adapter()(tmp, env)
+    env["monkeypatch"].delenv("HF_TOKEN", raising=False)
+
+
+def _hub_unreachable(tmp, env):
+    import datasets
+
+    import grpo_kit.data as data
+
+    env["monkeypatch"].setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    env["monkeypatch"].setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    env["monkeypatch"].setenv("HF_DATASETS_CACHE", str(tmp / "empty-cache"))
+    env["monkeypatch"].setenv("HF_HUB_CACHE", str(tmp / "empty-hub-cache"))
+
+
+def _chain(*setups):
+    def make(tmp, env):
+        for setup in setups:
+            setup(tmp, env)
+
+    return make
+
+
+# ------------------------------------------------------------------------------------------------ the table
+
+TRAIN = ("train", *TINY, "--output", "{tmp}/run")
+EXPORT = ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tiny}", "--out-dir", "{tmp}/exports")
+EVAL = ("eval", "--model", "{tiny}", "--adapter", "{tmp}/run/adapter", "--data", "sample", "--limit", "1",
+        "--max-new-tokens", "4")  # fmt: skip
+BIG = "1" * 40
+
+CASES = [
+    # data
+    Case("empty-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("is empty",), _file("d.jsonl", b"\n")),
+    Case("non-utf8-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 2", "not UTF-8"),
+         _jsonl("d.jsonl", GOOD, b'{"question": "caf\xe9", "answer": "#### 1"}')),
+    Case("missing-field", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 1", "missing field", "answer"),
+         _jsonl("d.jsonl", {"question": "q"})),
+    Case("answer-in-words", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("'forty'", "not a number"),
+         _jsonl("d.jsonl", {"question": "q", "answer": "#### forty"})),
+    Case("answer-40-digits", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("too large", "40 digits", "at most 30"),
+         _jsonl("d.jsonl", {"question": "q", "answer": f"#### {BIG}"})),
+    Case("answer-40-digit-number", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("too large",),
+         _jsonl("d.jsonl", {"question": "q", "answer": int(BIG)})),
+    Case("answer-nan", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("not a finite number",),
+         _jsonl("d.jsonl", b'{"question": "q", "answer": NaN}')),
+    Case("answer-boolean", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("boolean",),
+         _jsonl("d.jsonl", {"question": "q", "answer": True})),
+    Case("empty-question", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("question is empty",),
+         _jsonl("d.jsonl", {"question": " ", "answer": "#### 1"})),
+    Case("torn-json-line", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 2", "not valid JSON"),
+         _jsonl("d.jsonl", GOOD, b'{"question": "q", "ans')),
+    Case("json-not-a-list", "data", (*TRAIN, "--data", "{tmp}/d.json"), ("expected a JSON array",),
+         _file("d.json", b'{"question": "q", "answer": "#### 1"}')),
+    Case("directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "train.jsonl"),
+         _folder("train.jsonl", "test.jsonl")),
+    Case("empty-directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "holds none"),
+         _folder()),
+    Case("missing-file", "data", (*TRAIN, "--data", "{tmp}/nope.jsonl"), ("not found", "'sample'")),
+    Case("text-file", "data", (*TRAIN, "--data", "{tmp}/d.txt"), ("unsupported file type", ".csv"),
+         _file("d.txt", b"question,answer\n")),
+    Case("csv-missing-column", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("missing column", "answer"),
+         _file("d.csv", b"question,solution\nq,#### 1\n")),
+    Case("csv-bad-row", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("line 3", "not a number"),
+         _file("d.csv", b'question,answer\nq1,"#### 1"\nq2,"#### many"\n')),
+    Case("csv-non-utf8", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("line 2", "not UTF-8"),
+         _file("d.csv", b"question,answer\ncaf\xe9,1\n")),
+    Case("parquet-wrong-columns", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("missing column", "question"),
+         _parquet("d.parquet", {"text": ["q"], "answer": ["#### 1"]})),
+    Case("parquet-garbage", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("not a readable Parquet",),
+         _file("d.parquet", b"PAR1 this is not parquet")),
+    Case("too-few-prompts", "data", (*TRAIN, "--data", "{tmp}/d.csv", "--set", "gradient_accumulation_steps=4"),
+         ("1 usable prompt", "one optimizer step"),
+         _file("d.csv", b"question,answer\nq1,7\n")),
+    Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("unreachable", "--data sample"),
+         _hub_unreachable),
+    Case("eval-bad-row-no-eval-lenient", "data", ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
+         ("line 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
+    Case("eval-limit-zero", "data", ("eval", "--data", "sample", "--limit", "0"), ("limit must be a positive",)),
+    # settings
+    Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"), ("Valid presets",)),
+    Case("unknown-reward", "settings", (*TRAIN, "--data", "sample", "--rewards", "corect"), ("'corect'", "correctness")),
+    Case("unknown-set-field", "settings", (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
+         ("did you mean learning_rate",)),
+    Case("set-without-value", "settings", (*TRAIN, "--data", "sample", "--set", "beta"), ("KEY=VALUE",)),
+    Case("gpu-preset-on-cpu", "settings", ("train", "--preset", "t4-16gb", "--data", "sample", "--output", "{tmp}/run"),
+         ("needs a CUDA GPU", "--preset cpu")),
+    Case("fp16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "precision=fp16"), ("fp16", "GPU")),
+    Case("batch-not-divisible", "settings", (*TRAIN, "--data", "sample", "--num-generations", "3"),
+         ("num_generations (3)", "multiple of 3")),
+    Case("max-steps-zero", "settings", (*TRAIN, "--data", "sample", "--max-steps", "0"), ("max_steps=0",)),
+    Case("max-steps-negative", "settings", (*TRAIN, "--data", "sample", "--max-steps", "-5"), ("max_steps=-5",)),
+    Case("learning-rate-zero", "settings", (*TRAIN, "--data", "sample", "--learning-rate", "0"),
+         ("learning_rate=0.0", "must be > 0")),
+    Case("learning-rate-inf", "settings", (*TRAIN, "--data", "sample", "--learning-rate", "inf"),
+         ("learning_rate is inf", "finite")),
+    Case("learning-rate-nan", "settings", (*TRAIN, "--data", "sample", "--learning-rate", "nan"),
+         ("learning_rate is nan", "finite")),
+    Case("temperature-negative", "settings", (*TRAIN, "--data", "sample", "--temperature", "-1"),
+         ("temperature=-1.0",)),
+    Case("beta-negative", "settings", (*TRAIN, "--data", "sample", "--beta", "-0.5"), ("beta=-0.5",)),
+    Case("set-learning-rate-text", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=abc"),
+         ("learning_rate expects a finite number", "'abc'")),
+    Case("set-learning-rate-infinity", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=Infinity"),
+         ("learning_rate expects a finite number", "inf")),
+    Case("set-max-steps-fraction", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=1.5"),
+         ("max_steps expects an integer", "1.5")),
+    Case("set-length-text", "settings", (*TRAIN, "--data", "sample", "--set", "max_completion_length=abc"),
+         ("max_completion_length expects an integer",)),
+    Case("set-bool-text", "settings", (*TRAIN, "--data", "sample", "--set", "use_vllm=maybe"),
+         ("use_vllm expects true or false",)),
+    Case("set-trl-field-text", "settings", (*TRAIN, "--data", "sample", "--set", "epsilon=wide"),
+         ("epsilon expects a finite number",)),
+    Case("vllm-share-above-one", "settings", (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
+         ("fraction of the card",)),
+    Case("curriculum-order-alone", "settings", (*TRAIN, "--data", "sample", "--curriculum-order", "entropy"),
+         ("--curriculum scores.jsonl",)),
+    # resume and run folders
+    Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("no complete checkpoint",)),
+    Case("resume-no-checkpoint", "resume", (*TRAIN, "--data", "sample", "--resume"), ("no complete checkpoint",),
+         _run_with("metrics.jsonl")),
+    Case("output-has-files", "resume", (*TRAIN, "--data", "sample"), ("already has files", "--resume"),
+         _run_with("notes.txt")),
+    Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(lock="live")),
+    Case("resume-while-running", "resume", (*TRAIN, "--data", "sample", "--resume"), ("in use", "PID"),
+         _run_with(steps=1, lock="live")),
+    Case("resume-finished-run", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
+         _run_with(steps=2, adapter=True), code=0),
+    Case("killed-during-checkpoint-save", "resume", (*TRAIN, "--data", "sample", "--resume"),
+         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("trainer_state.json")), code=0),
+    Case("torn-trainer-state", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 1 of 1",),
+         _damaged_last_checkpoint(_cut("trainer_state.json")), code=0),
+    Case("checkpoint-without-optimizer", "resume", (*TRAIN, "--data", "sample", "--resume"),
+         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("optimizer.pt")), code=0),
+    Case("truncated-checkpoint-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
+         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_cut("adapter_model.safetensors")), code=0),
+    Case("output-is-a-file", "resume", (*TRAIN, "--data", "sample"), ("cannot be used as a run folder",),
+         _file("run", b"a file, not a folder")),
+    Case("output-read-only", "resume", ("train", *TINY, "--data", "sample", "--output", "{tmp}/ro/run"),
+         ("cannot be used as a run folder", "Permission denied"), _read_only("ro")),
+    # export
+    Case("export-not-an-adapter", "export", ("export", "--adapter", "{tmp}"), ("not a LoRA adapter folder",)),
+    Case("export-run-folder", "export", ("export", "--adapter", "{tmp}/run"), ("not a LoRA adapter folder",
+         "{tmp}/run/adapter"), _adapter()),
+    Case("export-unknown-format", "export", (*EXPORT, "--format", "onnx"), ("onnx", "lora, merged16, gguf"), _adapter()),
+    Case("export-bad-gguf-type", "export", (*EXPORT, "--format", "gguf", "--gguf-type", "q2_k"), ("q2_k",), _adapter()),
+    Case("export-existing-name", "export", EXPORT, ("already exists", "--overwrite"), _export_exists),
+    Case("export-nan-adapter", "export", EXPORT, ("NaN/inf weights", "--learning-rate"), _adapter(_nan)),
+    Case("export-truncated-adapter", "export", EXPORT, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
+    Case("export-other-base", "export", ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tmp}/other"),
+         ("trained on {tiny}", "--model"), _other_base),
+    Case("export-disk-full", "export", EXPORT, ("No space left", "nothing was changed"), _disk_full),
+    Case("export-read-only-out-dir", "export", (*EXPORT[:-1], "{tmp}/ro"), ("Cannot write exports", "Permission denied"),
+         _read_only("ro", _adapter())),
+    Case("export-upload-fails", "export", (*EXPORT, "--push-to-hub", "me/model"),
+         ("Upload", "failed", "complete and verified on disk"), _upload_fails),
+    Case("export-push-without-token", "export", (*EXPORT, "--push-to-hub", "me/model"), ("No Hugging Face token",
+         "complete"), _no_token),
+    # eval
+    Case("eval-missing-adapter", "eval", EVAL, ("not a LoRA adapter folder",)),
+    Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
+    Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read",), _adapter(_truncate)),
+    Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
+    Case("eval-other-base", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data",
+         "sample", "--limit", "1"), ("trained on {tiny}", "--model"), _other_base),
+    Case("eval-model-missing", "eval", ("eval", "--model", "{tmp}/nope", "--data", "sample"), ("No model folder",)),
+    Case("eval-model-not-a-model", "eval", ("eval", "--model", "{tmp}/data", "--data", "sample"), ("config.json",),
+         _folder("notes.jsonl")),
+    Case("eval-model-without-tokenizer", "eval", ("eval", "--model", "{tmp}/model", "--data", "sample", "--limit",
+         "1"), ("tokenizer",), _no_tokenizer_model),
+]
+
+
+# ------------------------------------------------------------------------------------------------ the test
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    import grpo_kit.models as models
+
+    def refuse(*args, **kwargs):
+        pytest.fail("a model was loaded before the problem was reported")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+
+
+@pytest.fixture(scope="module")
+def processes():
+    """PIDs of a live process and of one that has exited (for run-folder locks)."""
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    yield {"live_pid": live.pid, "dead_pid": dead.pid}
+    live.kill()
+    live.wait()
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and os.access(p, os.R_OK)}
+
+
+def _fill(argv, tmp, tiny) -> list[str]:
+    return [arg.replace("{tmp}", str(tmp)).replace("{tiny}", str(tiny)) for arg in argv]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
+def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter, fake_checkpoint, processes,
+               request):
+    if case.area in PRELOAD_AREAS:
+        request.getfixturevalue("no_model_load")
+    env = {"tiny": tiny_model_dir, "make_adapter": make_adapter, "fake_checkpoint": fake_checkpoint,
+           "monkeypatch": monkeypatch, **processes}  # fmt: skip
+    if case.setup:
+        case.setup(tmp_path, env)
+    before = _snapshot(tmp_path)
+    code = main(_fill(case.argv, tmp_path, tiny_model_dir))
+    captured = capsys.readouterr()
+    stream = captured.err if case.code else captured.out
+    assert code == case.code, f"exit {code}\nstdout: {captured.out[-2000:]}\nstderr: {captured.err[-2000:]}"
+    assert "Traceback" not in captured.err + captured.out
+    if case.code:
+        assert "grpo-kit: error: " in stream and stream.count("\n") < MAX_ERROR_LINES, stream
+    for text in _fill(case.expect, tmp_path, tiny_model_dir):
+        assert text in stream, (text, stream)
+    after = _snapshot(tmp_path)
+    lost = [str(path) for path, data in before.items() if data not in (after.get(path), after.get(_set_aside(path)))]
+    assert not lost, f"changed or removed: {lost}"
+
+
+def _set_aside(path: Path) -> Path:
+    """Where resume moves a file of a damaged checkpoint (renamed, never deleted)."""
+    return Path(re.sub(r"/(checkpoint-\d+)/", r"/damaged-\1/", str(path)))
+
+
+def test_suite_has_at_least_fifty_cases_in_every_area():
+    areas = {case.area for case in CASES}
+    assert len(CASES) >= 50 and areas == {"data", "settings", "resume", "export", "eval"}
+    assert len({case.id for case in CASES}) == len(CASES)
+
+
+def test_troubleshooting_table_lists_every_case():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "TROUBLESHOOTING.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.MULTILINE))
+    assert listed == {case.id for case in CASES}
+
+
+# ------------------------------------------------------------------------------------------------ beyond the table
+
+
+def test_csv_data_is_read_with_the_same_checks(tmp_path):
+    from grpo_kit.data import load_gsm8k
+
+    path = tmp_path / "train.csv"
+    path.write_text('question,answer\n"Tom has 3 + 4 apples, how many?","3 + 4 = 7\n#### 7"\nHalf of 8?,4\n',
+                    encoding="utf-8")
+    data = load_gsm8k(str(path))
+    assert data["answer"] == ["7", "4"] and data["question"][0] == "Tom has 3 + 4 apples, how many?"
+
+
+def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
+    import datasets
+
+    import grpo_kit.data as data
+
+    seen = []
+
+    def fake_load(*args, **kwargs):
+        from huggingface_hub import constants
+
+        seen.append((datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
+        return datasets.Dataset.from_list([GOOD])
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    assert len(data.load_gsm8k("gsm8k", "train")) == 1
+    assert seen == [(True, True)] and datasets.config.HF_HUB_OFFLINE is False  # restored afterwards
+
+
+def test_all_prompts_too_long_names_the_setting(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.errors import GrpoKitError
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    with pytest.raises(GrpoKitError, match=r"--set max_prompt_length=\d+.*--set few_shot=0"):
+        format_for_grpo(load_gsm8k("sample", "test"), tokenizer, max_prompt_tokens=5)
