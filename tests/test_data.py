@@ -310,7 +310,7 @@ def test_duplicates_are_dropped_with_a_note(tmp_path):
         ("object.json", b'{"question": "Q?", "answer": "#### 1"}', "expected a JSON array"),
         ("latin1.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "line 1: bytes that are not UTF-8"),
         ("rows.json", json.dumps([{"question": "Q?", "answer": GOOD}, {"question": "Q2?"}]).encode(), "row 2"),
-        ("table.csv", b"question,answer\n", "unsupported file type"),
+        ("table.tsv", b"question\tanswer\n", "unsupported file type"),
         ("broken.parquet", b"not parquet at all", "not a readable Parquet file"),
     ],
 )
@@ -519,7 +519,7 @@ def test_format_filters_long_prompts_and_counts_them(tokenizer, prefill):
     budget = short_len + 20  # fits the short questions (plus a prefill), not the long one
     ds, dropped = format_for_grpo(Dataset.from_dict(rows), tokenizer, prefill=prefill, max_prompt_tokens=budget)
     assert dropped == 1 and ds["answer"] == ["1", "2", "4"]
-    with pytest.raises(GrpoKitError, match="Raise the prompt budget") as info:
+    with pytest.raises(GrpoKitError, match=r"--set max_prompt_length=\d+") as info:
         format_for_grpo(Dataset.from_dict(rows), tokenizer, prefill=prefill, max_prompt_tokens=10)
     assert "All 4 prompts" in str(info.value)
 

@@ -103,9 +103,9 @@ def test_empty_and_wrong_type_files(tmp_path, capsys, no_model_load):
     empty = tmp_path / "empty.jsonl"
     empty.write_bytes(b"")
     assert "is empty" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(empty)])
-    csv = tmp_path / "train.csv"
-    csv.write_text("question,answer\nQ?,1\n")
-    assert "unsupported file type '.csv'" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(csv)])
+    text = tmp_path / "train.txt"
+    text.write_text("question,answer\nQ?,1\n")
+    assert "unsupported file type '.txt'" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(text)])
 
 
 def test_windows_files_with_bom_and_crlf_load(tmp_path):
