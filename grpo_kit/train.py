@@ -556,8 +556,6 @@ def train(
         preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))
     else:
         funcs, weights, names = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
-    if max_steps is None and resume and output_dir is not None:
-        max_steps = _recorded_max_steps(Path(output_dir))
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
     preset, overrides = split_overrides(preset, coerce_overrides(preset, overrides or {}))
@@ -688,7 +686,8 @@ def _prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pa
 
 
 def _recorded_max_steps(run_dir: Path) -> int | None:
-    """``max_steps`` of the run as first started (``run.json``), so a plain ``--resume`` finishes that run."""
+    """``max_steps`` of the run as first started (``run.json``): ``--resume`` without ``--max-steps`` finishes that
+    run rather than running on to the preset's default length."""
     try:
         value = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))["preset"]["max_steps"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -825,11 +824,14 @@ def cli_train(args) -> int:
         preset = dataclasses.replace(preset, backend=args.backend)
     if getattr(args, "vllm_server", None):
         preset = dataclasses.replace(preset, use_vllm=True, vllm_mode="server", vllm_server_base_url=args.vllm_server)
+    max_steps = args.max_steps
+    if max_steps is None and args.resume and args.output:  # the run as started, not the preset's default length
+        max_steps = _recorded_max_steps(Path(args.output))
     result = train(
         preset,
         data=args.data,
         rewards=args.rewards,
-        max_steps=args.max_steps,
+        max_steps=max_steps,
         output_dir=args.output,
         resume=args.resume,
         overrides=parse_overrides(args.set),
