@@ -212,7 +212,7 @@ def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_p
 
     run_dir = fake_run(tmp_path / "run", 2)
     shutil.rmtree(run_dir / "adapter")  # killed after the last checkpoint, before the adapter was written
-    result = train(get_preset("cpu"), data="sample", output_dir=run_dir, resume=True)
+    result = train(get_preset("cpu"), data="sample", output_dir=run_dir, resume=True, max_steps=2)
     assert result.already_finished and result.steps == 2
     assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
         run_dir / "checkpoint-2" / "adapter_model.safetensors").read_bytes()
