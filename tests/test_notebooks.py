@@ -467,12 +467,22 @@ def test_ensure_trained_run_returns_the_adapter(smoke_session, fake_train, capsy
 
 
 def test_score_examples_orders_the_examples_like_the_rewards_should():
-    table = score_examples(get_preset("cpu").rewards)
+    table = score_examples(get_preset("cpu").rewards, prefill=get_preset("cpu").prefill)
     totals = table["weighted total"].tolist()
     assert totals == sorted(totals) and totals[0] == 0.0 and totals[-1] > totals[-2]
     assert list(table.columns) == ["tag_progress", "correctness", "weighted total"]
-    weighted = score_examples([("correctness", 3.0)])
+    weighted = score_examples([("correctness", 3.0)], prefill="<think>\n")
     assert weighted["weighted total"].iloc[-1] == 3 * weighted["correctness"].iloc[-1]
+
+
+def test_score_examples_follow_the_presets_prefill():
+    """A GPU tier has no prefill: its model writes ``<think>`` itself, and the examples must score as such."""
+    t4 = get_preset("t4-16gb")
+    assert t4.prefill == ""
+    table = score_examples(t4.rewards, prefill=t4.prefill)
+    full = table.loc["full format, right number"]
+    assert (full["format"], full["tag_count"], full["correctness"]) == (0.5, 1.0, 2.0)
+    assert table.equals(score_examples(t4.rewards, prefill="<think>\n"))
 
 
 def test_preview_prompt_is_what_training_sends(embedded_dir):
