@@ -119,6 +119,16 @@ def _add_export(sub) -> None:
     p.set_defaults(func=_handler("export", "cli_export"))
 
 
+def _add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
+    p.add_argument("question", nargs="*", help="the question (none: read one question per line from stdin)")
+    p.add_argument("--adapter", help="LoRA adapter folder (a run's adapter or a checkpoint)")
+    p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
+    p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
+    p.set_defaults(func=_handler("chat", "cli_chat"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-kit",
@@ -126,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export):
+    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export, _add_chat):
         add(sub)
     return parser
 
