@@ -55,6 +55,8 @@ def _add_train(sub) -> None:
     p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
+    p.add_argument("--show-completions", type=int, default=0, metavar="N",
+                   help="every N steps, print a few sampled completions with each reward's score")
     p.add_argument(
         "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
     )

@@ -359,6 +359,7 @@ def train(
     callbacks: tuple = (),
     curriculum=None,
     lenient: bool = False,
+    show_completions: int = 0,
 ) -> TrainResult:
     """Train a GRPO LoRA adapter: ``preset`` recipe, ``data`` prompts, ``rewards`` by name. See the module docstring.
 
@@ -367,6 +368,7 @@ def train(
     checkpoint in ``output_dir``; without it, an existing non-empty run folder is refused rather than overwritten.
     ``curriculum`` (a ``grpo_kit.curriculum.Curriculum``) orders/filters the prompts by their offline scores.
     ``lenient=True`` skips bad data rows (counted, and announced with a warning) instead of stopping at the first.
+    ``show_completions=N`` prints a few sampled completions with their reward scores every N steps (``grpo_kit.watch``).
     Under ``accelerate launch`` every process runs this function; only the main process writes the run files.
     """
     from trl import GRPOTrainer
@@ -377,6 +379,7 @@ def train(
     from grpo_kit.models import load_model
     from grpo_kit.rewards import parse_reward_spec
     from grpo_kit.runtime import detect_device, set_torch_threads
+    from grpo_kit.watch import CompletionSamples
 
     set_torch_threads()
     # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
@@ -421,13 +424,14 @@ def train(
     if is_main:
         (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
 
+    samples = CompletionSamples(every=show_completions)
     trainer = GRPOTrainer(
         model=policy,
-        reward_funcs=guard_rewards([*funcs, format_rate], run_dir),
+        reward_funcs=guard_rewards(samples.wrap([*funcs, format_rate]), run_dir),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), *callbacks],
+        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), samples, *callbacks],
     )
     start = time.time()
     with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
@@ -597,6 +601,7 @@ def cli_train(args) -> int:
         overrides=parse_overrides(args.set),
         curriculum=_curriculum_from_args(args),
         lenient=getattr(args, "lenient", False),
+        show_completions=getattr(args, "show_completions", 0) or 0,
     )
     if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
         return 0
