@@ -43,7 +43,8 @@ def _add_train(sub) -> None:
     p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
     p.add_argument("--model", help="model id or local folder, instead of the preset's")
     p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.parquet")
-    p.add_argument("--rewards", help="comma-separated reward names, optionally weighted: correctness:2,format")
+    p.add_argument("--rewards", help="comma-separated rewards, optionally weighted: built-in names (correctness:2,format) or your own "
+                   "package.module:function (my_rewards:brevity:0.5)")
     p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
     p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
