@@ -30,6 +30,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -130,7 +131,8 @@ PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B",
 
 @dataclass(frozen=True)
 class Run:
-    """One subprocess: ``kit`` (Unsloth), ``plain`` (TRL + PEFT + bitsandbytes) or ``export`` (round trip)."""
+    """One subprocess: ``kit`` (Unsloth), ``plain`` (TRL + PEFT + bitsandbytes), ``export`` (round trip) or
+    ``build`` (write the random model of ``arch`` once, before its first run)."""
 
     kind: str
     tier: str
@@ -138,7 +140,7 @@ class Run:
 
     @property
     def name(self) -> str:
-        return f"{self.kind}-{self.tier}-{self.arch}"
+        return f"build-{self.arch}" if self.kind == "build" else f"{self.kind}-{self.tier}-{self.arch}"
 
 
 def plan_runs(tiers=TIERS, archs=tuple(ARCHS), *, skip_plain: bool = False, export: bool = True) -> list[Run]:
@@ -491,10 +493,10 @@ def run_worker(spec: dict) -> dict:
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch
-    build = build_model(run.arch, model_dir)  # before the cap: building is not what is measured
-    torch.cuda.empty_cache()
+    if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
+        return {"status": "built", **build_model(run.arch, model_dir)}
     preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16())
-    row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision, "built": build}
+    row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision}
     torch.cuda.reset_peak_memory_stats()
     try:
         row.update(_train_and_measure(run, preset, spec))
@@ -543,6 +545,12 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
         "tokens_per_second": (preset.generation_batch_size * mean_len / per_step) if per_step and mean_len else None,
     }
     if run.kind == "export":
+        import gc
+
+        import torch
+
+        gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
+        torch.cuda.empty_cache()
         row["exports"] = _export(result.adapter_dir, preset.model, out)
     return row
 
@@ -572,7 +580,7 @@ def worker_main(spec_path: str) -> int:
 
 def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
     """Run ``run`` in a fresh Python process with a timeout; a crash, timeout or skip is still a row."""
-    row = {k: plan_row[k] for k in ("kind", "tier", "arch", "cap_gib", "plan_gib", "plan_shipped_with_vllm_gib")}
+    row = {"kind": run.kind, "tier": run.tier, "arch": run.arch, **plan_row}
     left = deadline - time.time()
     if left < 60:
         return {**row, "status": "skipped", "note": "--time-budget used up"}
@@ -582,6 +590,7 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
             "models": str(args.models or args.out / "models"), "result": str(spec_dir / f"{run.name}.result.json")}
     spec_path = spec_dir / f"{run.name}.json"
     spec_path.write_text(json.dumps(spec))
+    shutil.rmtree(args.out / "runs" / run.name, ignore_errors=True)  # train() refuses a used run folder
     Path(spec["result"]).unlink(missing_ok=True)
     log = args.out / "logs" / f"{run.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -603,6 +612,10 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
     return {**row, **json.loads(result.read_text())}
 
 
+#: Plan figures copied into each result row.
+PLAN_KEYS = ("cap_gib", "plan_gib", "plan_shipped_with_vllm_gib")
+
+
 def can_emulate(tier_gib: float, card_gib: float) -> bool:
     """A tier can be emulated on a card at least as large (the cap only takes memory away)."""
     return card_gib >= tier_gib
@@ -617,11 +630,18 @@ def drive(args, runs: list[Run], plan: dict) -> dict:
     result = {"date": datetime.date.today().isoformat(), "environment": env, "steps": args.steps, "rows": []}
     deadline = time.time() + args.time_budget
     by_name = {r["run"]: r for r in plan["runs"]}
+    built: dict[str, dict] = {}
     for run in runs:
-        plan_row = by_name[run.name]
+        plan_row = {k: by_name[run.name][k] for k in PLAN_KEYS}
+        if run.arch not in built and can_emulate(plan_row["cap_gib"], env["gpu_total_gib"]):
+            print(f"[gpu-proof] building a random {run.arch} ...", flush=True)
+            built[run.arch] = run_one(Run("build", "-", run.arch), args, {}, deadline)
         if not can_emulate(plan_row["cap_gib"], env["gpu_total_gib"]):
-            row = {**{k: plan_row[k] for k in ("kind", "tier", "arch", "cap_gib", "plan_gib")}, "status": "skipped",
+            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "skipped",
                    "note": f"card has {env['gpu_total_gib']:.1f} GiB < tier {plan_row['cap_gib']:g} GiB"}
+        elif built[run.arch].get("status") != "built":
+            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "error",
+                   "note": f"building the model failed: {built[run.arch].get('note', '')}"[:300]}
         else:
             print(f"[gpu-proof] {run.name} ...", flush=True)
             row = run_one(run, args, plan_row, deadline)

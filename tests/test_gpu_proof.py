@@ -184,8 +184,30 @@ def test_a_run_past_its_timeout_or_the_budget_is_a_row(tmp_path):
     assert slow["status"] == "timeout"
 
 
-def test_a_tier_larger_than_the_card_is_not_emulated():
-    assert proof.can_emulate(14.7, 79.1) and not proof.can_emulate(39.0, 22.0)
+def test_driver_builds_each_shape_once_skips_tiers_larger_than_the_card_and_keeps_going(tmp_path, monkeypatch):
+    import torch
+
+    calls = []
+
+    def fake_run_one(run, args, plan_row, deadline):
+        calls.append(run.name)
+        if run.kind == "build":
+            return {"status": "error", "note": "disk full"} if run.arch == "qwen2.5-math-7b" else {"status": "built"}
+        return {"kind": run.kind, "tier": run.tier, "arch": run.arch, **plan_row, "status": "fitted"}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(proof, "environment", lambda: {"gpu": "fake 24 GB", "gpu_total_gib": 22.5, "driver": "x",
+                                                       "cuda": "13.0", "versions": {}})
+    monkeypatch.setattr(proof, "run_one", fake_run_one)
+    runs = proof.plan_runs(("l4-24gb", "a100-40gb"), ("qwen2.5-1.5b", "qwen2.5-math-7b"), skip_plain=True)
+    plan = proof.describe_plan(runs, 1)
+    result = proof.drive(_args(tmp_path, time_budget=3600), runs, plan)
+    assert calls == ["build-qwen2.5-1.5b", "kit-l4-24gb-qwen2.5-1.5b", "build-qwen2.5-math-7b",
+                     "export-t4-16gb-qwen2.5-1.5b"]
+    status = {(r["kind"], r["tier"], r["arch"]): r["status"] for r in result["rows"]}
+    assert status[("kit", "l4-24gb", "qwen2.5-math-7b")] == "error"  # its model could not be built
+    assert status[("kit", "a100-40gb", "qwen2.5-1.5b")] == "skipped"  # 39 GiB tier on a 22.5 GiB card
+    assert (tmp_path / "gpu_proof.md").read_text().count("| skipped |") == 2
 
 
 # ----------------------------------------------------------------------------------------------------- bundle
