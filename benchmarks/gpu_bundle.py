@@ -323,7 +323,8 @@ sha256sum -c SHA256SUMS                       # every part arrived whole
 cat TARBALL.part-* > TARBALL                  # zero-padded names: the glob is in order
 sha256sum -c TARBALL.sha256                   # the rejoined tar is the one that was split
 mkdir -p payload && tar -xf TARBALL -C payload && rm TARBALL
-"$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --upgrade "${TARGET[@]}" payload/wheels/*.whl
+"$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --upgrade ${TARGET[@]+"${TARGET[@]}"} \
+    payload/wheels/*.whl
 echo
 echo "Installed. Run the proof (GRPO_KIT_TOKENIZER points it at the bundled tokenizer):"
 if [ ${#TARGET[@]} -gt 0 ]; then echo "  export PYTHONPATH=$2:\$PYTHONPATH"; fi
