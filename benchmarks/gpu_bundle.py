@@ -328,7 +328,7 @@ mkdir -p payload && tar -xf TARBALL -C payload && rm TARBALL
 echo
 echo "Installed. Run the proof (GRPO_KIT_TOKENIZER points it at the bundled tokenizer):"
 if [ ${#TARGET[@]} -gt 0 ]; then echo "  export PYTHONPATH=$2:\$PYTHONPATH"; fi
-echo "  GRPO_KIT_TOKENIZER=$PWD/payload/tokenizer $PY payload/gpu_proof.py --out gpu-proof-results"
+echo "  GRPO_KIT_TOKENIZER=$PWD/payload/tokenizer $PY $PWD/payload/gpu_proof.py --out gpu-proof-results"
 echo "Then paste gpu-proof-results/gpu_proof.md into docs/VRAM.md (see its 'GPU proof' section)."
 """
 

@@ -434,6 +434,7 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
     from datasets import Dataset
 
     from grpo_kit.data import format_for_grpo
+    from grpo_kit.errors import GrpoKitError
 
     def dataset(words: int):
         filler = " ".join(["apples"] * words)
@@ -441,10 +442,13 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
         return Dataset.from_dict({"question": questions, "answer": ["42"] * rows, "solution": ["#### 42"] * rows})
 
     def fits(words: int) -> bool:
-        _, dropped = format_for_grpo(
-            dataset(words).select([0]), tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
-            max_prompt_tokens=preset.max_prompt_length,
-        )
+        try:
+            _, dropped = format_for_grpo(
+                dataset(words).select([0]), tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
+                max_prompt_tokens=preset.max_prompt_length,
+            )
+        except GrpoKitError:  # raised when every prompt is too long: here, the one probe row
+            return False
         return dropped == 0
 
     low, high = 0, preset.max_prompt_length  # the most filler words that still fit

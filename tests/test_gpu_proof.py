@@ -151,6 +151,22 @@ def test_oom_row_renders_missing_figures_as_dashes():
     assert "| 14.60 | - | 8.38 | 14.70 | - |" in line
 
 
+@pytest.mark.parametrize("tier", ["t4-16gb", "a100-80gb"])
+def test_prompts_are_padded_to_just_under_the_tier_prompt_budget(tier):
+    from grpo_kit.data import format_for_grpo
+    from grpo_kit.models import embedded_model_path, load_tokenizer
+
+    tokenizer = load_tokenizer(str(embedded_model_path()))
+    preset = get_preset(tier)
+    rows = proof.full_length_dataset(preset, tokenizer, rows=4)
+    formatted, dropped = format_for_grpo(rows, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
+                                         max_prompt_tokens=preset.max_prompt_length)
+    assert dropped == 0 and len(formatted) == 4
+    text = tokenizer.apply_chat_template(formatted[0]["prompt"], add_generation_prompt=True, tokenize=False)
+    tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    assert preset.max_prompt_length - 8 <= tokens <= preset.max_prompt_length
+
+
 def _args(tmp_path, **kw):
     return SimpleNamespace(out=tmp_path, models=tmp_path / "models", steps=1, run_timeout=600, **kw)
 
