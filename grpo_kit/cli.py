@@ -61,6 +61,9 @@ def _add_train(sub) -> None:
     p.add_argument(
         "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
     )
+    p.add_argument(
+        "--no-vllm", action="store_true", help="generate with Unsloth/transformers, not vLLM (= --set use_vllm=false)"
+    )
     p.add_argument("--backend", choices=list(BACKENDS), help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")

@@ -21,8 +21,10 @@ that path is small, marked below, and cannot run in the CPU test suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -265,6 +267,39 @@ def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, 
     return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
 
 
+@contextlib.contextmanager
+def engine_lora_request(model, lora_request=None):
+    """The ``lora_request`` that makes Unsloth's vLLM engine generate with ``model``'s active LoRA adapter.
+
+    The engine Unsloth starts with ``fast_inference=True`` holds only the base weights (it shares them with the
+    trainer), so a ``fast_generate`` call without a request scores the base model. The request comes from Unsloth's
+    ``model.load_lora(folder, load_tensors=True)``, which reads the adapter's live tensors (as Unsloth's GRPO trainer
+    does) and writes only ``adapter_config.json`` into ``folder``, a temporary folder kept until generation ends.
+    A request the caller passes is used as is; a model with no active adapter (no LoRA, or inside PEFT's
+    ``disable_adapter()``) gets None: the base model, as asked.
+    """
+    if lora_request is not None or not _lora_active(model):
+        yield lora_request
+        return
+    load_lora = getattr(model, "load_lora", None)
+    if load_lora is None:
+        raise GrpoKitError(
+            "This model generates with a vLLM engine that cannot load its LoRA adapter (no load_lora), so it would "
+            "score the base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or evaluate through "
+            "grpo_kit.models.load_inference_model (transformers generate)."
+        )
+    with tempfile.TemporaryDirectory(prefix="grpo-kit-lora-") as folder:
+        yield load_lora(folder, load_tensors=True)
+
+
+def _lora_active(model) -> bool:
+    """True when a PEFT LoRA layer of ``model`` is switched on (False for a plain model or under disable_adapter)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    modules = model.modules() if hasattr(model, "modules") else ()
+    return any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in modules)
+
+
 def _use_vllm(model) -> bool:
     """True for an Unsloth model loaded with ``fast_inference=True`` (it carries a vLLM engine) on a GPU."""
     import torch
@@ -310,10 +345,11 @@ def evaluate(
     model.eval()
     started = time.time()
     torch.manual_seed(seed)
-    if _use_vllm(model):  # GPU + Unsloth fast_inference; untested on CPU
-        greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=lora_request)
-        samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
-                                temperature=MAJ_TEMPERATURE, seed=seed, lora_request=lora_request) if maj_k else None
+    if _use_vllm(model):  # GPU + Unsloth fast_inference (tested on CPU with a fake engine only)
+        with engine_lora_request(model, lora_request) as request:
+            greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=request)
+            samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
+                                    temperature=MAJ_TEMPERATURE, seed=seed, lora_request=request) if maj_k else None
     else:
         greedy = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                              progress=progress, desc=f"eval {label}".strip())

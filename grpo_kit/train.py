@@ -371,20 +371,10 @@ def train(
     ``show_completions=N`` prints a few sampled completions with their reward scores every N steps (``grpo_kit.watch``).
     Under ``accelerate launch`` every process runs this function; only the main process writes the run files.
     """
-    from trl import GRPOTrainer
-
-    from grpo_kit.compat import ensure_logprob_kernel
-    from grpo_kit.data import load_gsm8k
-    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
-    from grpo_kit.models import load_model
+    from grpo_kit import models
     from grpo_kit.rewards import parse_reward_spec
-    from grpo_kit.runtime import detect_device, set_torch_threads
-    from grpo_kit.watch import CompletionSamples
+    from grpo_kit.vllm_server import check_weight_sync
 
-    set_torch_threads()
-    # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if rewards is not None:
         funcs, weights, names = parse_reward_spec(rewards)
         preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))
@@ -393,6 +383,23 @@ def train(
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
     preset, overrides = split_overrides(preset, overrides or {})
+    check_weight_sync(preset)  # server mode + 4-bit weights cannot work: refused before anything loads
+    # Before anything imports TRL/transformers/PEFT: Unsloth patches them (and rebinds trl.GRPOTrainer) at import.
+    backend = models.prepare_backend(preset)
+    preset = models.without_missing_vllm(preset)  # no importable vLLM: one line, then plain generate (planned so)
+
+    import trl
+
+    from grpo_kit.compat import ensure_logprob_kernel
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
+    from grpo_kit.runtime import detect_device, set_torch_threads
+    from grpo_kit.watch import CompletionSamples
+
+    set_torch_threads()
+    # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if curriculum is not None:
         overrides = {**curriculum.config_overrides(), **overrides}  # no shuffling when the order matters
     check_device(preset, detect_device())  # settings are checked before any weights load
@@ -410,7 +417,12 @@ def train(
     _wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
     is_main = config.process_index == 0
 
-    policy, tokenizer = load_model(preset, model=model)
+    policy, tokenizer = models.load_model(preset, model=model)
+    if backend == "unsloth" and preset.vllm_colocated and getattr(policy, "vllm_engine", None) is None:
+        # Unsloth's engine did not start and the model was loaded without it (load_model said why): generate
+        # without vLLM rather than let TRL start an engine of its own.
+        preset = dataclasses.replace(preset, use_vllm=False)
+        config = build_grpo_config(preset, run_dir, overrides)
     train_set, n_long = prepare_dataset(preset, tokenizer, data, dataset)
     curriculum_report = None
     if curriculum is not None:
@@ -425,7 +437,7 @@ def train(
         (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
 
     samples = CompletionSamples(every=show_completions)
-    trainer = GRPOTrainer(
+    trainer = trl.GRPOTrainer(  # looked up now: on the Unsloth backend this is Unsloth's patched trainer
         model=policy,
         reward_funcs=guard_rewards(samples.wrap([*funcs, format_rate]), run_dir),
         args=config,
@@ -589,8 +601,12 @@ def cli_train(args) -> int:
     preset = dataclasses.replace(preset, **{k: v for k, v in knobs.items() if v is not None})
     if getattr(args, "backend", None):
         preset = dataclasses.replace(preset, backend=args.backend)
+    if getattr(args, "vllm_server", None) and getattr(args, "no_vllm", False):
+        raise GrpoKitError("--vllm-server generates with vLLM and --no-vllm turns vLLM off: pass one of them.")
     if getattr(args, "vllm_server", None):
         preset = dataclasses.replace(preset, use_vllm=True, vllm_mode="server", vllm_server_base_url=args.vllm_server)
+    if getattr(args, "no_vllm", False):
+        preset = dataclasses.replace(preset, use_vllm=False)
     result = train(
         preset,
         data=args.data,
