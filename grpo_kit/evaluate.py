@@ -10,8 +10,9 @@ Prompts are built exactly as for training (``data.build_messages`` + the chat te
 plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
 
 On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding. On a GPU,
-a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead;
-that path is small, marked below, and cannot run in the CPU test suite.
+a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead,
+with its LoRA adapter loaded into the engine (``engine_lora_request``); that path is small, not run on a GPU, and
+tested on CPU with a fake engine.
 
 >>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
 ...                n=4, seed=0, protocol="toy")
@@ -254,9 +255,10 @@ def _generated_length(ids: list[int], stops: Sequence[int]) -> int:
 
 def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, temperature: float | None = None,
                   seed: int = 0, lora_request=None) -> list[list[tuple[str, int]]]:
-    """UNTESTED ON CPU (needs a GPU and vLLM): sample through Unsloth's ``model.fast_generate``.
+    """Sample through Unsloth's ``model.fast_generate`` (not run on a GPU; tested on CPU with a fake engine).
 
-    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora(path)`` returns.
+    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora`` returns
+    (``engine_lora_request``); None generates with the engine's base weights.
     """
     from vllm import SamplingParams  # lazy: GPU only
 

@@ -358,8 +358,8 @@ def without_missing_vllm(preset):
 
 def announce_vllm_off(reason: str, hint: str) -> None:
     """The one line a run prints when it continues without vLLM."""
-    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint} "
-          "(or pass --no-vllm to skip vLLM).", flush=True)
+    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint}; --no-vllm turns "
+          "it off without this check.", flush=True)
 
 
 def _first_line(error: BaseException) -> str:
