@@ -161,7 +161,14 @@ def prepare_backend(preset) -> str:
 
     backend = resolve_backend(preset, cuda=torch.cuda.is_available(), zero3=zero3_launch())
     if backend == "unsloth":
-        import unsloth  # noqa: F401  (the import is the patch; GPU only, so never at module level)
+        try:
+            import unsloth  # noqa: F401  (the import is the patch; GPU only, so never at module level)
+        except ImportError as error:
+            raise GrpoKitError(
+                f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU stack "
+                "(pip install -r requirements-colab.txt) and restart the runtime, or load with plain transformers + "
+                "PEFT: --backend transformers (slower, more memory)."
+            ) from error
     return backend
 
 

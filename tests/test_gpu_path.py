@@ -152,6 +152,12 @@ def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
     assert fake_unsloth.imported is True
 
 
+def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
+    monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
+    with pytest.raises(GrpoKitError, match="--backend transformers"):
+        models.prepare_backend(get_preset("a100-80gb"))
+
+
 _IMPORT_ORDER_DRIVER = """
 import sys, types, torch
 torch.cuda.is_available = lambda: True
