@@ -23,14 +23,15 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
     import torch
     from transformers import GenerationConfig, TextStreamer
 
-    from grpo_kit.evaluate import _use_vllm, build_prompts, generate_vllm, stop_token_ids
+    from grpo_kit.evaluate import _use_vllm, build_prompts, engine_lora_request, generate_vllm, stop_token_ids
 
     if not question.strip():
         return ""
     prompt = build_prompts([question], tokenizer, few_shot=few_shot, prefill=prefill)[0]
     if _use_vllm(model):  # GPU + Unsloth fast_inference: not run on a GPU yet
-        text = generate_vllm(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
-                             lora_request=lora_request)[0][0][0]
+        with engine_lora_request(model, lora_request) as request:  # the engine holds base weights: add the adapter
+            text = generate_vllm(model, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
+                                 lora_request=request)[0][0][0]
         if stream:
             print(prefill + text, flush=True)
         return prefill + text

@@ -250,6 +250,14 @@ def test_evaluating_a_tuned_model_on_vllm_generates_with_its_adapter(tuned_with_
     assert seen.requests[-1] is None
 
 
+def test_chatting_with_a_tuned_model_on_vllm_uses_its_adapter(tuned_with_engine, tiny_model_dir):
+    from grpo_kit.chat import ask
+
+    model, seen = tuned_with_engine
+    ask(model, models.load_tokenizer(str(tiny_model_dir)), "What is 1 + 0?", stream=False)
+    assert seen.requests == ["lora-request-1"]
+
+
 def test_an_engine_that_cannot_load_the_adapter_is_refused(tuned_with_engine, tiny_model_dir):
     from grpo_kit.data import load_gsm8k
     from grpo_kit.evaluate import evaluate
