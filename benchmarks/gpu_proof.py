@@ -500,6 +500,9 @@ def run_worker(spec: dict) -> dict:
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
         return {"status": "built", **build_model(run.arch, model_dir)}
     preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16())
+    from grpo_kit.models import prepare_backend
+
+    prepare_backend(preset)  # Unsloth runs: import it before the tokenizer/timer import transformers (import order)
     row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision}
     torch.cuda.reset_peak_memory_stats()
     try:
