@@ -8,7 +8,7 @@ STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
 
-.PHONY: install demo test test-fast lint bench clean
+.PHONY: install demo test test-fast lint bench gpu-bundle clean
 
 install: $(STAMP)
 
@@ -34,6 +34,11 @@ lint: install
 
 bench: install
 	$(PY) benchmarks/bench_step_time.py
+
+# Everything an offline CUDA machine with a stock PyTorch needs for the GPU proof, in parts of <= 60 MiB, plus
+# gpu-bundle/install.sh (docs/VRAM.md, "GPU proof"). Needs PyPI here; the GPU machine needs no network.
+gpu-bundle: install
+	$(PY) benchmarks/gpu_bundle.py --out gpu-bundle
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -2,12 +2,14 @@
 
 Both sides use the embedded SmolLM2-135M, the ``cpu`` preset's numbers, the same formatted prompts and the same
 reward functions; the only difference is the kit's wiring (config building, metrics logger, adapter saving).
-Runs are interleaved A-B-B-A so slow drift of the machine cancels out. Target: ratio kit / plain <= 1.02.
+Runs are interleaved (kit, plain, plain, kit, kit, plain, ...) so slow drift of the machine cancels out. The verdict
+is the ratio of the two sides' **median** step times, so one slow step (a background job, a page-cache miss) cannot
+move it; the minimum is printed beside it. Target: ratio kit / plain <= 1.02.
 
-    .venv/bin/python benchmarks/bench_step_time.py [--steps 3] [--threads 2]
+    .venv/bin/python benchmarks/bench_step_time.py [--steps 3] [--rounds 3] [--threads 2]
 
 Step time is measured by a callback (wall time between on_step_begin and on_step_end), the first step of every
-run is dropped as warm-up.
+run is dropped as warm-up: ``rounds * (steps - 1)`` timed steps per side (6 by default).
 """
 
 from __future__ import annotations
@@ -113,9 +115,34 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     return timer.times[1:]
 
 
+def run_order(rounds: int) -> list[str]:
+    """Interleaved run order, each round mirrored so neither side always runs first.
+
+    >>> run_order(3)
+    ['kit', 'plain', 'plain', 'kit', 'kit', 'plain']
+    """
+    return [name for i in range(rounds) for name in (("kit", "plain") if i % 2 == 0 else ("plain", "kit"))]
+
+
+def summarize(times: dict[str, list[float]], target: float = 1.02) -> str:
+    """Median and minimum per side and the verdict on the ratio of medians.
+
+    >>> print(summarize({"kit": [10.0, 10.0, 10.0], "plain": [10.0, 10.0, 99.0]}))
+    kit    median 10.00  min 10.00 s/step  (3 timed steps)
+    plain  median 10.00  min 10.00 s/step  (3 timed steps)
+    ratio of medians kit/plain = 1.000 (target <= 1.02): met
+    """
+    lines = [f"{name:<6} median {statistics.median(ts):.2f}  min {min(ts):.2f} s/step  ({len(ts)} timed steps)"
+             for name, ts in times.items()]
+    ratio = statistics.median(times["kit"]) / statistics.median(times["plain"])
+    lines.append(f"ratio of medians kit/plain = {ratio:.3f} (target <= {target}): {'met' if ratio <= target else 'NOT met'}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (first one is warm-up)")
+    parser.add_argument("--rounds", type=int, default=3, help="kit/plain run pairs, interleaved")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
 
@@ -130,14 +157,12 @@ def main() -> None:
     times: dict[str, list[float]] = {"kit": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        for name in ("kit", "plain", "plain", "kit"):
+        for name in run_order(args.rounds):
             runner = run_kit if name == "kit" else run_plain_trl
             run_times = runner(preset, workdir)
             times[name].extend(run_times)
             print(f"{name:>5}: {', '.join(f'{t:.2f}' for t in run_times)} s/step")
-    kit, plain = statistics.mean(times["kit"]), statistics.mean(times["plain"])
-    print(f"\nsteps timed: kit {len(times['kit'])}, plain {len(times['plain'])} (warm-up steps dropped)")
-    print(f"kit   {kit:.2f} s/step\nplain {plain:.2f} s/step\nratio kit/plain = {kit / plain:.3f} (target <= 1.02)")
+    print("\n" + summarize(times))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,8 @@ def _add_train(sub) -> None:
     p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
     p.add_argument("--model", help="model id or local folder, instead of the preset's")
     p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file")
-    p.add_argument("--rewards", help="comma-separated reward names, optionally weighted: correctness:2,format")
+    p.add_argument("--rewards", help="comma-separated rewards, optionally weighted: built-in names (correctness:2,format) or your own "
+                   "package.module:function (my_rewards:brevity:0.5)")
     p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
     p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
@@ -55,8 +56,13 @@ def _add_train(sub) -> None:
     p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
+    p.add_argument("--show-completions", type=int, default=0, metavar="N",
+                   help="every N steps, print a few sampled completions with each reward's score")
     p.add_argument(
         "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
+    )
+    p.add_argument(
+        "--no-vllm", action="store_true", help="generate with Unsloth/transformers, not vLLM (= --set use_vllm=false)"
     )
     p.add_argument("--backend", choices=list(BACKENDS), help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
@@ -119,6 +125,16 @@ def _add_export(sub) -> None:
     p.set_defaults(func=_handler("export", "cli_export"))
 
 
+def _add_chat(sub) -> None:
+    p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
+    p.add_argument("question", nargs="*", help="the question (none: read one question per line from stdin)")
+    p.add_argument("--adapter", help="LoRA adapter folder (a run's adapter or a checkpoint)")
+    p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
+    p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
+    p.set_defaults(func=_handler("chat", "cli_chat"))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="grpo-kit",
@@ -126,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export):
+    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export, _add_chat):
         add(sub)
     return parser
 

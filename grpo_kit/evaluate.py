@@ -10,8 +10,9 @@ Prompts are built exactly as for training (``data.build_messages`` + the chat te
 plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
 
 On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding. On a GPU,
-a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead;
-that path is small, marked below, and cannot run in the CPU test suite.
+a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead,
+with its LoRA adapter loaded into the engine (``engine_lora_request``); that path is small, not run on a GPU, and
+tested on CPU with a fake engine.
 
 >>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
 ...                n=4, seed=0, protocol="toy")
@@ -21,8 +22,10 @@ that path is small, marked below, and cannot run in the CPU test suite.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -252,9 +255,10 @@ def _generated_length(ids: list[int], stops: Sequence[int]) -> int:
 
 def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, temperature: float | None = None,
                   seed: int = 0, lora_request=None) -> list[list[tuple[str, int]]]:
-    """UNTESTED ON CPU (needs a GPU and vLLM): sample through Unsloth's ``model.fast_generate``.
+    """Sample through Unsloth's ``model.fast_generate`` (not run on a GPU; tested on CPU with a fake engine).
 
-    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora(path)`` returns.
+    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora`` returns
+    (``engine_lora_request``); None generates with the engine's base weights.
     """
     from vllm import SamplingParams  # lazy: GPU only
 
@@ -263,6 +267,39 @@ def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, 
     )
     outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=lora_request, use_tqdm=False)
     return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
+
+
+@contextlib.contextmanager
+def engine_lora_request(model, lora_request=None):
+    """The ``lora_request`` that makes Unsloth's vLLM engine generate with ``model``'s active LoRA adapter.
+
+    The engine Unsloth starts with ``fast_inference=True`` holds only the base weights (it shares them with the
+    trainer), so a ``fast_generate`` call without a request scores the base model. The request comes from Unsloth's
+    ``model.load_lora(folder, load_tensors=True)``, which reads the adapter's live tensors (as Unsloth's GRPO trainer
+    does) and writes only ``adapter_config.json`` into ``folder``, a temporary folder kept until generation ends.
+    A request the caller passes is used as is; a model with no active adapter (no LoRA, or inside PEFT's
+    ``disable_adapter()``) gets None: the base model, as asked.
+    """
+    if lora_request is not None or not _lora_active(model):
+        yield lora_request
+        return
+    load_lora = getattr(model, "load_lora", None)
+    if load_lora is None:
+        raise GrpoKitError(
+            "This model generates with a vLLM engine that cannot load its LoRA adapter (no load_lora), so it would "
+            "score the base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or evaluate through "
+            "grpo_kit.models.load_inference_model (transformers generate)."
+        )
+    with tempfile.TemporaryDirectory(prefix="grpo-kit-lora-") as folder:
+        yield load_lora(folder, load_tensors=True)
+
+
+def _lora_active(model) -> bool:
+    """True when a PEFT LoRA layer of ``model`` is switched on (False for a plain model or under disable_adapter)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    modules = model.modules() if hasattr(model, "modules") else ()
+    return any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in modules)
 
 
 def _use_vllm(model) -> bool:
@@ -310,10 +347,11 @@ def evaluate(
     model.eval()
     started = time.time()
     torch.manual_seed(seed)
-    if _use_vllm(model):  # GPU + Unsloth fast_inference; untested on CPU
-        greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=lora_request)
-        samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
-                                temperature=MAJ_TEMPERATURE, seed=seed, lora_request=lora_request) if maj_k else None
+    if _use_vllm(model):  # GPU + Unsloth fast_inference (tested on CPU with a fake engine only)
+        with engine_lora_request(model, lora_request) as request:
+            greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=request)
+            samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
+                                    temperature=MAJ_TEMPERATURE, seed=seed, lora_request=request) if maj_k else None
     else:
         greedy = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                              progress=progress, desc=f"eval {label}".strip())

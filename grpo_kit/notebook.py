@@ -521,17 +521,24 @@ EXAMPLE_COMPLETIONS = (
 )
 
 
-def score_examples(names, prefill: str = "<think>\n", examples=EXAMPLE_COMPLETIONS, gold: str = EXAMPLE_GOLD):
+def score_examples(names, prefill: str, examples=EXAMPLE_COMPLETIONS, gold: str = EXAMPLE_GOLD):
     """A ``pandas.DataFrame``: one row per example completion, one column per reward in ``names``, plus the total.
 
-    The total is the weighted sum GRPO sees when ``names`` are ``(name, weight)`` pairs (a preset's ``rewards``).
+    The examples are written as the text after ``<think>\n``; each is scored as the completion a model given the
+    preset's ``prefill`` would write (with no prefill the completion itself opens ``<think>``), so the table shows
+    what this preset's rewards really pay. The total is the weighted sum GRPO sees when ``names`` are
+    ``(name, weight)`` pairs (a preset's ``rewards``).
     """
     import pandas as pd
 
     from grpo_kit.rewards import score_completions
 
+    def as_completion(text: str) -> str:
+        full = "<think>\n" + text
+        return full[len(prefill):] if full.startswith(prefill) else full
+
     pairs = [(n, 1.0) if isinstance(n, str) else (str(n[0]), float(n[1])) for n in names]
-    scores = score_completions([text for _, text in examples], gold, [n for n, _ in pairs], prefill)
+    scores = score_completions([as_completion(text) for _, text in examples], gold, [n for n, _ in pairs], prefill)
     rows = []
     for (label, _), row in zip(examples, scores, strict=True):
         out = {"completion": label}

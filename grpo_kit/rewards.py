@@ -364,40 +364,95 @@ def answer_number_reward(completions, prefill=None, **kwargs) -> list[float]:
 # Specs, scoring, table
 
 
-def parse_reward_spec(spec: str | Sequence[str]) -> tuple[list[Callable[..., list[float]]], list[float], list[str]]:
-    """Reward functions, weights and names from ``"correctness:2,format"`` or ``["correctness:2", "format"]``.
+def parse_reward_spec(spec) -> tuple[list[Callable[..., list[float]]], list[float], list[str]]:
+    """Reward functions, weights and names from a spec.
 
-    A weight defaults to 1.0. Names are case-insensitive and may use '-' for '_'.
+    ``spec`` is a string such as ``"correctness:2,format,my_rewards:brevity:0.5"`` or a list whose items are such
+    names, reward functions (any TRL-compatible callable, e.g. one defined in a notebook cell) or
+    ``(name_or_function, weight)`` pairs. A name is a built-in reward (``grpo-kit rewards``; case-insensitive, '-'
+    for '_') or ``package.module:function``, imported as TRL's own script does. A weight defaults to 1.0.
 
     >>> parse_reward_spec("tag_progress")[1:]
     ([1.0], ['tag_progress'])
+    >>> def brevity(completions, **kwargs):
+    ...     return [-len(c) / 100 for c in completions]
+    >>> parse_reward_spec(["correctness:2", (brevity, 0.5)])[1:]
+    ([2.0, 0.5], ['correctness', 'brevity'])
     """
-    if isinstance(spec, str):
-        items = spec.split(",")
-    elif isinstance(spec, Sequence) and all(isinstance(item, str) for item in spec):
-        items = list(spec)
-    else:
-        raise GrpoKitError(
-            f"Reward spec must be a string like 'correctness:2,format' or a list of names, got {spec!r}."
-        )
     funcs, weights, names = [], [], []
-    for item in (item.strip() for item in items):
-        if not item:
-            continue
-        name, colon, weight_text = item.partition(":")
-        name = name.strip().lower().replace("-", "_")
-        if name not in REWARDS:
-            raise GrpoKitError(
-                f"Unknown reward {name!r} in {item!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`)."
-            )
+    for item in _spec_items(spec):
+        fn, name, weight = _resolve_reward(item)
         if name in names:
             raise GrpoKitError(f"Reward {name!r} is named twice; name it once and give it a weight, e.g. {name}:2.")
-        weights.append(_parse_weight(weight_text, item) if colon else 1.0)
-        funcs.append(REWARDS[name])
+        funcs.append(fn)
+        weights.append(weight)
         names.append(name)
     if not names:
         raise GrpoKitError(f"No reward named in {spec!r}. Give at least one, e.g. 'correctness:2,format'.")
     return funcs, weights, names
+
+
+def _spec_items(spec) -> list:
+    if isinstance(spec, str):
+        return [item for item in (part.strip() for part in spec.split(",")) if item]
+    if callable(spec):
+        return [spec]
+    if isinstance(spec, Sequence):
+        return [item.strip() if isinstance(item, str) else item for item in spec if not (isinstance(item, str) and not item.strip())]
+    raise GrpoKitError(
+        f"Reward spec must be a string like 'correctness:2,format', or a list of names and functions, got {spec!r}."
+    )
+
+
+def _resolve_reward(item) -> tuple[Callable[..., list[float]], str, float]:
+    """``(function, name, weight)`` for one spec item: ``name[:w]``, ``module:function[:w]``, a callable, or a pair."""
+    if isinstance(item, tuple) and len(item) == 2:
+        fn, name, _ = _resolve_reward(item[0])
+        return fn, name, _parse_weight(str(item[1]), repr(item))
+    if callable(item):
+        builtin = next((name for name, fn in REWARDS.items() if fn is item), None)
+        return item, builtin or getattr(item, "__name__", type(item).__name__), 1.0
+    if not isinstance(item, str):
+        raise GrpoKitError(f"Reward {item!r} is neither a name nor a function; pass e.g. 'correctness:2' or a function.")
+    parts = [part.strip() for part in item.split(":")]
+    key = parts[0].lower().replace("-", "_")
+    if key in REWARDS:  # a built-in: at most one weight follows
+        if len(parts) > 2:
+            raise GrpoKitError(f"Bad weight in reward {item!r}: write one finite number after the colon, e.g. correctness:2.")
+        return REWARDS[key], key, _parse_weight(parts[1], item) if len(parts) == 2 else 1.0
+    weight = _parse_weight(parts.pop(), item) if len(parts) == 3 or (len(parts) == 2 and _looks_numeric(parts[1])) else 1.0
+    if len(parts) == 2:
+        return _import_reward(parts[0], parts[1], item), f"{parts[0]}:{parts[1]}", weight
+    raise GrpoKitError(
+        f"Unknown reward {parts[0]!r} in {item!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`), or "
+        "name your own function as package.module:function (e.g. my_rewards:brevity:0.5)."
+    )
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+|inf|nan|infinity)([eE][-+]?\d+)?\s*", text, re.IGNORECASE))
+
+
+def _import_reward(module: str, function: str, item: str) -> Callable[..., list[float]]:
+    """Import ``module`` and return its ``function``; the current folder counts, so ``my_rewards.py`` beside you works."""
+    import importlib
+    import os
+    import sys
+
+    if os.getcwd() not in sys.path:  # a console script's sys.path lacks the folder the user runs it from
+        sys.path.append(os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except ModuleNotFoundError as error:
+        raise GrpoKitError(
+            f"Reward {item!r}: cannot import module {module!r} ({error}). Put {module.replace('.', '/')}.py in the "
+            "folder you run from, or install the package that holds it."
+        ) from None
+    except AttributeError:
+        raise GrpoKitError(f"Reward {item!r}: module {module!r} has no function {function!r}.") from None
+    if not callable(fn):
+        raise GrpoKitError(f"Reward {item!r}: {module}.{function} is not a function.")
+    return fn
 
 
 def _parse_weight(text: str, item: str) -> float:

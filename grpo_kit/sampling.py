@@ -131,16 +131,12 @@ def score_with_model(
     formats them (``preset.few_shot``, ``preset.prefill``), completions as long and as hot as training samples them.
     ``adapter`` (a run's ``adapter/`` or ``checkpoint-N/``) re-scores with a partly trained model.
     """
-    import torch
-
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.models import load_inference_model
     from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
-    policy, tokenizer = load_inference_model(model or preset.model, adapter)
-    if torch.cuda.is_available():
-        policy = policy.to("cuda")
+    policy, tokenizer = load_inference_model(model or preset.model, adapter)  # on the GPU in 16 bits when there is one
     dataset = load_gsm8k(data, split="train", limit=limit, seed=seed)
     formatted, _ = format_for_grpo(
         dataset, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill, max_prompt_tokens=preset.max_prompt_length

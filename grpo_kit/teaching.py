@@ -7,7 +7,10 @@ Each function re-derives, on tiny tensors, one step that TRL 1.15's ``GRPOTraine
 - ``k3_kl``: the per-token KL estimator TRL adds to the loss when ``beta > 0``;
 - ``clipped_surrogate`` and ``aggregate``: the PPO-style clipped per-token loss and how each ``loss_type``
   (grpo, dr_grpo, dapo, bnpo) turns a ``(B, T)`` matrix of per-token losses into one number;
-- ``token_weights``: the gradient weight each ``loss_type`` gives to every completion token.
+- ``token_weights``: the gradient weight each ``loss_type`` gives to every completion token;
+- ``vllm_is_ratio``: the importance-sampling factor TRL multiplies the loss by when vLLM sampled the completions
+  (``vllm_importance_sampling_correction``, on by default), correcting for vLLM's probabilities differing from the
+  trainer's.
 
 TRL exposes no standalone function for the advantages or the loss (both are inline code in ``GRPOTrainer``), so
 ``trl_loss`` runs TRL's own ``GRPOTrainer._compute_loss`` on the toy tensors with a minimal stand-in for the trainer,
@@ -27,6 +30,9 @@ STD_EPS = 1e-4
 LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo")
 #: TRL's default clipping range for the probability ratio (``epsilon``).
 EPSILON = 0.2
+#: TRL 1.15's defaults for the vLLM importance-sampling factor (``vllm_importance_sampling_mode`` / ``_clip_max``).
+IS_MODE = "sequence_mask"
+IS_CLIP_MAX = 3.0
 
 
 def _check_groups(rewards, num_generations: int) -> None:
@@ -132,6 +138,40 @@ def clipped_surrogate(logps, old_logps, advantages, epsilon: float = EPSILON):
     return -torch.min(ratio * adv, torch.clamp(ratio, 1 - epsilon, 1 + epsilon) * adv)
 
 
+def vllm_is_ratio(trainer_logps, sampling_logps, mask, mode: str = IS_MODE, clip_max: float | None = IS_CLIP_MAX,
+                  clip_min: float | None = None):
+    """The factor TRL multiplies each per-token loss by when vLLM generated the completions.
+
+    vLLM samples with its own kernels, so its token probabilities (``sampling_logps``) differ slightly from the
+    trainer's (``trainer_logps``, recomputed before the update). TRL corrects with the importance weight
+    ``exp(trainer - sampling)``: per token (``token_*`` modes, ``(B, T)``) or summed over the completion
+    (``sequence_*`` modes, ``(B, 1)``). ``*_truncate`` clamps it into ``[clip_min, clip_max]``; ``*_mask`` sets it to 0
+    outside that range, dropping completions the two engines disagree on. This is separate from PPO clipping: the
+    clipped ratio compares the current policy with the recomputed old one, which is 1 on the first update.
+
+    >>> import torch
+    >>> mask = torch.ones(2, 2)
+    >>> vllm_is_ratio(torch.zeros(2, 2), torch.tensor([[0.0, 0.0], [-1.0, -1.0]]), mask)  # exp(2) > 3: masked
+    tensor([[1.],
+            [0.]])
+    """
+    import math
+
+    import torch
+
+    diff = torch.nan_to_num((trainer_logps - sampling_logps) * mask, nan=0.0)  # (B, T); NaN from vLLM counts as 0
+    if mode.startswith("sequence"):
+        diff = diff.sum(-1, keepdim=True)  # (B, 1): one weight per completion
+    ratio = torch.exp(diff)  # (B, T) or (B, 1)
+    if mode.endswith("truncate"):
+        return torch.clamp(ratio, min=clip_min, max=clip_max)
+    if not mode.endswith("mask"):
+        raise GrpoKitError(f"Unknown importance-sampling mode '{mode}': use token_/sequence_ + truncate/mask.")
+    low = -math.inf if clip_min is None else clip_min
+    high = math.inf if clip_max is None else clip_max
+    return ratio.masked_fill((ratio < low) | (ratio > high), 0.0)
+
+
 def aggregate(per_token_loss, mask, loss_type: str, max_completion_length: int | None = None):
     """One scalar from a ``(B, T)`` per-token loss; ``mask`` ``(B, T)`` is 1 on real completion tokens, 0 on padding.
 
@@ -193,17 +233,21 @@ def grpo_loss(
     beta: float = 0.0,
     ref_logps=None,
     max_completion_length: int | None = None,
+    is_ratio=None,
 ):
-    """The whole GRPO loss on one batch: clipped surrogate, plus ``beta *`` k3 KL, aggregated by ``loss_type``.
+    """The whole GRPO loss on one batch: clipped surrogate (times the vLLM importance weight ``is_ratio`` when
+    given), plus ``beta *`` k3 KL, aggregated by ``loss_type``.
 
-    Shapes: ``logps``, ``old_logps``, ``ref_logps``, ``mask``: ``(B, T)``; ``advantages``: ``(B,)``. Returns a
-    0-d tensor, differentiable with respect to ``logps``.
+    Shapes: ``logps``, ``old_logps``, ``ref_logps``, ``mask``: ``(B, T)``; ``advantages``: ``(B,)``; ``is_ratio``:
+    ``(B, T)`` or ``(B, 1)`` from ``vllm_is_ratio``. Returns a 0-d tensor, differentiable with respect to ``logps``.
 
     >>> import torch
     >>> round(grpo_loss(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([1.0, -1.0]), torch.ones(2, 3)).item(), 6)
     0.0
     """
-    per_token = clipped_surrogate(logps, old_logps, advantages, epsilon)
+    per_token = clipped_surrogate(logps, old_logps, advantages, epsilon)  # (B, T)
+    if is_ratio is not None:
+        per_token = per_token * is_ratio  # TRL weights the policy term only, before adding the KL term
     if beta:
         if ref_logps is None:
             raise GrpoKitError("beta > 0 adds a KL penalty to a reference model: pass ref_logps=...")
@@ -241,8 +285,12 @@ def trl_loss(
     beta: float = 0.0,
     ref_logps=None,
     max_completion_length: int | None = None,
+    is_ratio=None,
 ) -> float:
     """The same loss computed by TRL's own ``GRPOTrainer._compute_loss`` on the toy tensors (one batch, one process).
+
+    With ``is_ratio`` the stand-in trainer says it generated with vLLM (``use_vllm`` and
+    ``vllm_importance_sampling_correction``, as TRL does by default then) and TRL applies the factor itself.
 
     TRL has no standalone loss function, so this calls the trainer's private method on a minimal stand-in object
     that supplies only what the method reads, with the model's log-probabilities replaced by ``logps``. It targets
@@ -259,6 +307,7 @@ def trl_loss(
             beta=beta,
             max_completion_length=max_completion_length or logps.size(1),
             logps=logps,
+            vllm=is_ratio is not None,
         )
         inputs = {
             "prompt_ids": torch.zeros(logps.size(0), 1, dtype=torch.long),
@@ -271,6 +320,8 @@ def trl_loss(
         }
         if beta:
             inputs["ref_per_token_logps"] = ref_logps
+        if is_ratio is not None:
+            inputs["importance_sampling_ratio"] = is_ratio
         return GRPOTrainer._compute_loss(trainer, None, inputs).item()
     except (AttributeError, KeyError, TypeError) as error:
         raise GrpoKitError(
@@ -282,7 +333,7 @@ def trl_loss(
 class _TrlLossStandIn:
     """Just the attributes ``GRPOTrainer._compute_loss`` (TRL 1.15) reads, for a single CPU process, no extras."""
 
-    def __init__(self, *, loss_type, epsilon, beta, max_completion_length, logps):
+    def __init__(self, *, loss_type, epsilon, beta, max_completion_length, logps, vllm=False):
         from collections import defaultdict
         from types import SimpleNamespace
 
@@ -293,8 +344,8 @@ class _TrlLossStandIn:
         self.importance_sampling_level = "token"
         self.top_entropy_quantile = 1.0
         self.off_policy_mask_threshold = None
-        self.use_vllm = False
-        self.vllm_importance_sampling_correction = False
+        self.use_vllm = vllm
+        self.vllm_importance_sampling_correction = vllm
         self.aux_loss_enabled = False
         self._entropy_bonus_enabled = False
         self.current_gradient_accumulation_steps = 1

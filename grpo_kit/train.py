@@ -528,6 +528,7 @@ def train(
     callbacks: tuple = (),
     curriculum=None,
     lenient: bool = False,
+    show_completions: int = 0,
 ) -> TrainResult:
     """Train a GRPO LoRA adapter: ``preset`` recipe, ``data`` prompts, ``rewards`` by name. See the module docstring.
 
@@ -536,21 +537,13 @@ def train(
     checkpoint in ``output_dir``; without it, an existing non-empty run folder is refused rather than overwritten.
     ``curriculum`` (a ``grpo_kit.curriculum.Curriculum``) orders/filters the prompts by their offline scores.
     ``lenient=True`` skips bad data rows (counted, and announced with a warning) instead of stopping at the first.
+    ``show_completions=N`` prints a few sampled completions with their reward scores every N steps (``grpo_kit.watch``).
     Under ``accelerate launch`` every process runs this function; only the main process writes the run files.
     """
-    from trl import GRPOTrainer
-
-    from grpo_kit.compat import ensure_logprob_kernel
-    from grpo_kit.data import load_gsm8k
-    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
-    from grpo_kit.models import load_model
+    from grpo_kit import models
     from grpo_kit.rewards import parse_reward_spec
-    from grpo_kit.runtime import detect_device, set_torch_threads
+    from grpo_kit.vllm_server import check_weight_sync
 
-    set_torch_threads()
-    # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if rewards is not None:
         funcs, weights, names = parse_reward_spec(rewards)
         preset = dataclasses.replace(preset, rewards=tuple(zip(names, weights, strict=True)))
@@ -559,6 +552,23 @@ def train(
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
     preset, overrides = split_overrides(preset, coerce_overrides(preset, overrides or {}))
+    check_weight_sync(preset)  # server mode + 4-bit weights cannot work: refused before anything loads
+    # Before anything imports TRL/transformers/PEFT: Unsloth patches them (and rebinds trl.GRPOTrainer) at import.
+    backend = models.prepare_backend(preset)
+    preset = models.without_missing_vllm(preset)  # no importable vLLM: one line, then plain generate (planned so)
+
+    import trl
+
+    from grpo_kit.compat import ensure_logprob_kernel
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
+    from grpo_kit.runtime import detect_device, set_torch_threads
+    from grpo_kit.watch import CompletionSamples
+
+    set_torch_threads()
+    # TRL pings Hugging Face telemetry when a trainer starts, with HF_TOKEN in the request; users can opt back in.
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
     if curriculum is not None:
         overrides = {**curriculum.config_overrides(), **overrides}  # no shuffling when the order matters
     check_device(preset, detect_device())  # settings are checked before any weights load
@@ -578,7 +588,12 @@ def train(
     if checkpoint is not None and _checkpoint_step(checkpoint) >= preset.max_steps:
         return _finished_run(run_dir, checkpoint, is_main)  # the Trainer would run one step past max_steps
 
-    policy, tokenizer = load_model(preset, model=model)
+    policy, tokenizer = models.load_model(preset, model=model)
+    if backend == "unsloth" and preset.vllm_colocated and getattr(policy, "vllm_engine", None) is None:
+        # Unsloth's engine did not start and the model was loaded without it (load_model said why): generate
+        # without vLLM rather than let TRL start an engine of its own.
+        preset = dataclasses.replace(preset, use_vllm=False)
+        config = build_grpo_config(preset, run_dir, overrides)
     train_set, n_long = prepare_dataset(preset, tokenizer, data, dataset)
     curriculum_report = None
     if curriculum is not None:
@@ -592,13 +607,14 @@ def train(
     if is_main:
         (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
 
-    trainer = GRPOTrainer(
+    samples = CompletionSamples(every=show_completions)
+    trainer = trl.GRPOTrainer(  # looked up now: on the Unsloth backend this is Unsloth's patched trainer
         model=policy,
-        reward_funcs=guard_rewards([*funcs, format_rate], run_dir),
+        reward_funcs=guard_rewards(samples.wrap([*funcs, format_rate]), run_dir),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), *callbacks],
+        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), samples, *callbacks],
     )
     start = time.time()
     with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
@@ -822,8 +838,12 @@ def cli_train(args) -> int:
     preset = dataclasses.replace(preset, **{k: v for k, v in knobs.items() if v is not None})
     if getattr(args, "backend", None):
         preset = dataclasses.replace(preset, backend=args.backend)
+    if getattr(args, "vllm_server", None) and getattr(args, "no_vllm", False):
+        raise GrpoKitError("--vllm-server generates with vLLM and --no-vllm turns vLLM off: pass one of them.")
     if getattr(args, "vllm_server", None):
         preset = dataclasses.replace(preset, use_vllm=True, vllm_mode="server", vllm_server_base_url=args.vllm_server)
+    if getattr(args, "no_vllm", False):
+        preset = dataclasses.replace(preset, use_vllm=False)
     max_steps = args.max_steps
     if max_steps is None and args.resume and args.output:  # the run as started, not the preset's default length
         max_steps = _recorded_max_steps(Path(args.output))
@@ -837,6 +857,7 @@ def cli_train(args) -> int:
         overrides=parse_overrides(args.set),
         curriculum=_curriculum_from_args(args),
         lenient=getattr(args, "lenient", False),
+        show_completions=getattr(args, "show_completions", 0) or 0,
     )
     if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
         return 0

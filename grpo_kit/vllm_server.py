@@ -52,6 +52,30 @@ def serve_command(preset, *, gpu: str = "0", model: str | None = None) -> list[s
     ]
 
 
+def check_weight_sync(preset) -> None:
+    """Refuse server mode with 4-bit weights (before any weights load): the server would receive packed bytes.
+
+    After each step TRL sends every parameter's ``param.data`` (LoRA merged in) to the server. On a bitsandbytes
+    4-bit layer that is the packed uint8 storage without its quantization state, which the server cannot read back
+    as weights, so generation would silently use garbage. Colocated vLLM (Unsloth shares the weights) and 16-bit
+    weights both work.
+
+    >>> from grpo_kit.presets import get_preset
+    >>> check_weight_sync(get_preset("a100-80gb", vllm_mode="server"))  # 16-bit weights: fine
+    >>> check_weight_sync(get_preset("t4-16gb", vllm_mode="server"))
+    Traceback (most recent call last):
+    ...
+    grpo_kit.errors.GrpoKitError: vllm_mode='server' cannot train 4-bit weights ...
+    """
+    if preset.vllm_server and preset.load_in_4bit:
+        raise GrpoKitError(
+            f"vllm_mode='server' cannot train 4-bit weights (preset '{preset.name}' has load_in_4bit): TRL sends the "
+            "server each layer's raw data, which for a 4-bit layer is packed bytes without its quantization state. "
+            "Use colocated vLLM on the training GPU (drop --vllm-server / vllm_mode=server), or 16-bit weights "
+            "(--set load_in_4bit=false, or a 16-bit preset such as a100-40gb), which need more GPU memory."
+        )
+
+
 def served_models(url: str, *, timeout: float = 5.0) -> list[str]:
     """Ids the server at ``url`` lists under ``/v1/models`` after answering ``/health``; raises ``OSError`` if down."""
     with urllib.request.urlopen(f"{url}/health", timeout=timeout) as response:

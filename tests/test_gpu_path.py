@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+import types
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from grpo_kit import runtime
+from grpo_kit import models, runtime
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.presets import get_preset
 
 
 @pytest.fixture
@@ -32,3 +39,353 @@ def test_ampere_is_bf16(fake_t4, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
     assert runtime.detect_device().bf16 is True
     assert runtime.half_dtype_name() == "bfloat16"
+
+
+# ------------------------------------------------------------------------------------------------ a fake Unsloth
+
+# The tests below run the kit's Unsloth path on a CPU: CUDA is reported available, and ``unsloth`` is a fake whose
+# *import* does what the real one's does to TRL (Unsloth 2026.10.7, models/rl.py: ``trl.GRPOTrainer`` and
+# ``trl.GRPOConfig`` rebound to subclasses), and whose ``FastLanguageModel`` records what it was asked to load.
+
+
+class _Stop(Exception):
+    """Raised by the stand-in trainer once it has recorded how the kit built it (nothing trains)."""
+
+
+class _ImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Makes ``import unsloth`` run ``on_import(module)``, as a real package's ``__init__`` would."""
+
+    def __init__(self, on_import):
+        self.on_import = on_import
+
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == "unsloth" else None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        self.on_import(module)
+
+
+@pytest.fixture
+def fake_unsloth(monkeypatch, fake_t4):
+    """A GPU box (the T4 above, made sm80) with a fake ``unsloth``; returns the record of what happened.
+
+    ``record.loads``: kwargs of each ``FastLanguageModel.from_pretrained``; ``record.engine_error``: raised by a load
+    with ``fast_inference=True`` (vLLM's engine failing to start); ``record.trainer``: ``(class, kwargs)`` of the
+    trainer the kit built. TRL's own ``GRPOTrainer`` is a recording stand-in, so an unpatched class shows up as such.
+    """
+    import trl
+
+    record = types.SimpleNamespace(loads=[], engine_error=None, trainer=None, imported=False)
+    fake_t4.major, fake_t4.minor = 8, 0
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
+    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+    class PlainGRPOTrainer:  # TRL's class, as a module-level `from trl import GRPOTrainer` would have kept it
+        def __init__(self, **kwargs):
+            record.trainer = (type(self), kwargs)
+            raise _Stop
+
+    class FastLanguageModel:
+        @staticmethod
+        def from_pretrained(**kwargs):
+            record.loads.append(kwargs)
+            if kwargs["fast_inference"] and record.engine_error is not None:
+                raise record.engine_error
+            model = types.SimpleNamespace(name="policy")
+            if kwargs["fast_inference"]:
+                model.vllm_engine = object()  # what Unsloth attaches when its engine started
+            name = kwargs["model_name"]
+            tokenizer = models.load_tokenizer(name) if Path(name).is_dir() else types.SimpleNamespace(pad_token="<pad>")
+            return model, tokenizer
+
+        @staticmethod
+        def get_peft_model(model, **kwargs):
+            return model
+
+    def patch_trl(module):
+        record.imported = True
+
+        class UnslothGRPOTrainer(trl.GRPOTrainer):
+            pass
+
+        class UnslothGRPOConfig(trl.GRPOConfig):
+            pass
+
+        monkeypatch.setattr(trl, "GRPOTrainer", UnslothGRPOTrainer)
+        monkeypatch.setattr(trl, "GRPOConfig", UnslothGRPOConfig)
+        module.FastLanguageModel = FastLanguageModel
+
+    monkeypatch.setattr(trl, "GRPOTrainer", PlainGRPOTrainer)
+    monkeypatch.setitem(sys.modules, "unsloth", None)  # restored (removed) after the test
+    del sys.modules["unsloth"]
+    monkeypatch.setattr(sys, "meta_path", [_ImportHook(patch_trl), *sys.meta_path])
+    return record
+
+
+def _train_on_fake_gpu(tiny_model_dir, tmp_path, **preset_changes):
+    """``train()`` on the fake GPU up to the trainer's construction (fp32 and use_cpu, so TRL builds on a CPU)."""
+    from grpo_kit.train import train
+
+    preset = get_preset("cpu", backend="unsloth", model=str(tiny_model_dir), **preset_changes)
+    with pytest.raises(_Stop):
+        train(preset, data="sample", output_dir=tmp_path / "run", overrides={"use_cpu": True})
+
+
+# ------------------------------------------------------------------------------------------------ 1. import order
+
+
+def test_unsloth_backend_trains_with_unsloths_patched_trainer_and_config(fake_unsloth, tiny_model_dir, tmp_path):
+    _train_on_fake_gpu(tiny_model_dir, tmp_path)
+    trainer_class, kwargs = fake_unsloth.trainer
+    assert trainer_class.__name__ == "UnslothGRPOTrainer"
+    assert type(kwargs["args"]).__name__ == "UnslothGRPOConfig"
+
+
+def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
+    assert models.prepare_backend(get_preset("cpu", backend="transformers")) == "transformers"
+    assert fake_unsloth.imported is False
+    assert models.prepare_backend(get_preset("cpu", backend="unsloth")) == "unsloth"
+    assert fake_unsloth.imported is True
+
+
+def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
+    monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
+    with pytest.raises(GrpoKitError, match="--backend transformers"):
+        models.prepare_backend(get_preset("a100-80gb"))
+
+
+_IMPORT_ORDER_DRIVER = """
+import sys, types, torch
+torch.cuda.is_available = lambda: True
+props = types.SimpleNamespace(name="NVIDIA A100", total_memory=80 * 2**30, major=8, minor=0)
+torch.cuda.get_device_properties = lambda index=0: props
+torch.cuda.get_device_capability = lambda index=0: (8, 0)
+from grpo_kit.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+_FAKE_UNSLOTH_INIT = """
+import json, os, sys
+with open(os.environ["FAKE_UNSLOTH_RECORD"], "w") as handle:
+    json.dump(sorted(m for m in ("trl", "transformers", "peft") if m in sys.modules), handle)
+raise SystemExit(0)  # recorded what was imported before Unsloth; nothing more to see
+"""
+
+
+def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_model_dir, tmp_path):
+    """Unsloth patches TRL, transformers and PEFT at import and warns when they came first: the CLI must import it first."""
+    import json
+    import os
+    import subprocess
+
+    package = tmp_path / "fake" / "unsloth"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(_FAKE_UNSLOTH_INIT, encoding="utf-8")
+    record = tmp_path / "imported-before-unsloth.json"
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root)]),
+           "FAKE_UNSLOTH_RECORD": str(record)}
+    command = [sys.executable, "-c", _IMPORT_ORDER_DRIVER, "train", "--preset", "cpu", "--backend", "unsloth",
+               "--model", str(tiny_model_dir), "--data", "sample", "--max-steps", "1",
+               "--output", str(tmp_path / "run"), "--set", "use_cpu=true"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert record.is_file(), f"unsloth was never imported:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
+    assert json.loads(record.read_text()) == []
+
+
+# ------------------------------------------------------------------------------------------------ 3. dtype to Unsloth
+
+
+@pytest.mark.parametrize(("preset", "dtype"), [("t4-16gb", torch.float16), ("a100-80gb", torch.bfloat16)])
+def test_unsloth_loads_in_the_presets_precision(fake_unsloth, preset, dtype):
+    models.load_model(get_preset(preset))
+    assert fake_unsloth.loads[-1]["dtype"] is dtype
+
+
+# ------------------------------------------------------------------------------------------------ 5. tuned model on vLLM
+
+
+@pytest.fixture
+def tuned_with_engine(tiny_model_dir, monkeypatch):
+    """The tiny Llama with a LoRA adapter, carrying what Unsloth's fast_inference adds: a vLLM engine, whose
+    ``fast_generate`` records the ``lora_request`` it gets, and ``load_lora`` returning a request per call."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+                           LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.0))
+    seen = types.SimpleNamespace(requests=[], load_lora=[])
+
+    def load_lora(folder, load_tensors=False):
+        seen.load_lora.append((folder, load_tensors))
+        return f"lora-request-{len(seen.load_lora)}"
+
+    def fast_generate(prompts, sampling_params=None, lora_request=None, use_tqdm=True):
+        seen.requests.append(lora_request)
+        output = types.SimpleNamespace(text="<answer>1</answer>", token_ids=[1, 2, 3])
+        return [types.SimpleNamespace(outputs=[output] * sampling_params.n) for _ in prompts]
+
+    model.vllm_engine, model.fast_generate, model.load_lora = object(), fast_generate, load_lora
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=types.SimpleNamespace))
+    return model, seen
+
+
+def test_evaluating_a_tuned_model_on_vllm_generates_with_its_adapter(tuned_with_engine, tiny_model_dir):
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.evaluate import evaluate
+
+    model, seen = tuned_with_engine
+    questions = load_gsm8k("sample", "test", limit=2, seed=0)
+    tokenizer = models.load_tokenizer(str(tiny_model_dir))
+    evaluate(model, tokenizer, questions, maj_k=2, progress=False)
+    assert seen.requests == ["lora-request-1", "lora-request-1"]  # greedy and maj@k: the adapter's request
+    assert seen.load_lora[0][1] is True  # the live adapter tensors, not a stale file
+    with model.disable_adapter():  # "base" in evaluate_before_after: no adapter, as asked
+        evaluate(model, tokenizer, questions, progress=False)
+    assert seen.requests[-1] is None
+
+
+def test_chatting_with_a_tuned_model_on_vllm_uses_its_adapter(tuned_with_engine, tiny_model_dir):
+    from grpo_kit.chat import ask
+
+    model, seen = tuned_with_engine
+    ask(model, models.load_tokenizer(str(tiny_model_dir)), "What is 1 + 0?", stream=False)
+    assert seen.requests == ["lora-request-1"]
+
+
+def test_an_engine_that_cannot_load_the_adapter_is_refused(tuned_with_engine, tiny_model_dir):
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.evaluate import evaluate
+
+    model, seen = tuned_with_engine
+    del model.load_lora
+    with pytest.raises(GrpoKitError, match="would score the base model"):
+        evaluate(model, models.load_tokenizer(str(tiny_model_dir)), load_gsm8k("sample", "test", limit=1), progress=False)
+    assert seen.requests == []
+
+
+# ------------------------------------------------------------------------------------------------ 6. evaluation dtype
+
+
+def _record_inference_load(monkeypatch) -> list:
+    seen = []
+
+    def record(cls, model_id, **kwargs):
+        if cls.__name__ == "AutoTokenizer":
+            return types.SimpleNamespace(pad_token="<pad>", eos_token="<eos>", padding_side="right")
+        seen.append(kwargs)
+        return types.SimpleNamespace(eval=lambda: None)
+
+    monkeypatch.setattr(models, "_from_pretrained", record)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    return seen
+
+
+def test_inference_model_on_a_gpu_loads_in_16_bits_onto_the_gpu(fake_t4, monkeypatch):
+    seen = _record_inference_load(monkeypatch)
+    models.load_inference_model("some/model")
+    assert seen[-1]["dtype"] is torch.float16 and seen[-1]["device_map"] == {"": 0}  # a T4: fp16
+
+
+def test_inference_model_on_a_cpu_stays_float32(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    seen = _record_inference_load(monkeypatch)
+    models.load_inference_model("some/model")
+    assert seen[-1]["dtype"] is torch.float32 and "device_map" not in seen[-1]
+
+
+# ------------------------------------------------------------------------------------------------ 7. server + 4-bit
+
+
+def test_server_mode_with_4bit_weights_is_refused_before_any_weights_load(fake_unsloth, tmp_path):
+    from grpo_kit.train import train
+
+    preset = get_preset("t4-16gb", vllm_mode="server")
+    with pytest.raises(GrpoKitError, match="4-bit") as error:
+        train(preset, data="sample", output_dir=tmp_path / "run")
+    assert "load_in_4bit=false" in str(error.value) and "colocated" in str(error.value)
+    with pytest.raises(GrpoKitError, match="4-bit"):
+        models.load_model(preset)
+    assert fake_unsloth.loads == [] and not (tmp_path / "run").exists()
+
+
+def test_server_mode_with_16bit_weights_loads(fake_unsloth):
+    models.load_model(get_preset("t4-16gb", vllm_mode="server", load_in_4bit=False))
+    assert fake_unsloth.loads[-1]["fast_inference"] is False  # the server generates
+
+
+# ------------------------------------------------------------------------------------------------ vLLM fallback
+
+
+def _vllm_off_lines(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().out.splitlines() if line.startswith("vLLM off:")]
+
+
+def test_engine_that_fails_to_start_falls_back_to_unsloth_generation(fake_unsloth, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    fake_unsloth.engine_error = RuntimeError("Engine core initialization failed. See root cause above.\nmore")
+    model, _ = models.load_model(get_preset("a100-80gb"))
+    assert [load["fast_inference"] for load in fake_unsloth.loads] == [True, False]
+    assert getattr(model, "vllm_engine", None) is None
+    (line,) = _vllm_off_lines(capsys)
+    assert "RuntimeError: Engine core initialization failed" in line and "To use vLLM" in line
+
+
+def test_a_programming_error_is_not_taken_for_an_engine_failure(fake_unsloth):
+    fake_unsloth.engine_error = TypeError("from_pretrained() got an unexpected keyword argument")
+    with pytest.raises(TypeError):
+        models.load_model(get_preset("a100-80gb"))
+    assert len(fake_unsloth.loads) == 1
+
+
+def test_train_continues_without_vllm_when_the_engine_fails(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    fake_unsloth.engine_error = ValueError("No available memory for the cache blocks.")
+    _train_on_fake_gpu(tiny_model_dir, tmp_path, use_vllm=True)
+    assert fake_unsloth.trainer[1]["args"].use_vllm is False  # TRL must not start an engine of its own
+    assert len(_vllm_off_lines(capsys)) == 1
+
+
+def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch,
+                                                                   capsys):
+    import grpo_kit.train as train_module
+
+    planned = []
+    check_device = train_module.check_device
+    monkeypatch.setattr(train_module, "check_device", lambda preset, device: (planned.append(preset),
+                                                                             check_device(preset, device)))
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    _train_on_fake_gpu(tiny_model_dir, tmp_path, use_vllm=True)
+    assert [load["fast_inference"] for load in fake_unsloth.loads] == [False]  # no engine start was tried
+    assert fake_unsloth.trainer[1]["args"].use_vllm is False
+    assert planned[0].use_vllm is False  # the planner counted no vLLM memory
+    (line,) = _vllm_off_lines(capsys)
+    assert "cannot be imported (ModuleNotFoundError" in line and "requirements-colab.txt" in line
+
+
+def test_server_mode_without_an_importable_vllm_is_refused(fake_unsloth, monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(GrpoKitError, match="drop --vllm-server"):
+        models.without_missing_vllm(get_preset("a100-80gb", vllm_mode="server"))
+
+
+def test_no_vllm_flag_switches_vllm_off(monkeypatch):
+    import grpo_kit.train as train_module
+    from grpo_kit.cli import main
+
+    seen = []
+
+    def fake_train(preset, **kwargs):
+        seen.append(preset)
+        raise _Stop
+
+    monkeypatch.setattr(train_module, "train", fake_train)
+    with pytest.raises(_Stop):
+        main(["train", "--preset", "a100-80gb", "--no-vllm"])
+    assert seen[0].use_vllm is False
+    assert main(["train", "--preset", "a100-80gb", "--no-vllm", "--vllm-server", "http://gpu0:8000"]) == 2

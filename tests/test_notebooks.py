@@ -177,12 +177,23 @@ def test_every_notebook_draws_a_plot_and_explains_before_code(name):
             assert len(cell.source.splitlines()) <= 25  # consecutive code cells stay short
 
 
+def _package_function_names() -> set[str]:
+    names = set()
+    for module in (REPO / "grpo_kit").rglob("*.py"):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        names |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return names
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
-def test_cells_call_the_package_rather_than_define_logic(name):
+def test_cells_do_not_reimplement_the_package(name):
+    """A cell may define a function of its own (a learner's reward, say), never a copy of one grpo_kit has."""
+    package = _package_function_names()
     for cell in _code_cells(_read(name)):
         tree = ast.parse(cell.source)
-        defined = [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef, ast.Lambda))]
-        assert defined == [], f"{name} defines {defined}: move it into grpo_kit"
+        classes = [n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        copies = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name in package]
+        assert classes == [] and copies == [], f"{name} defines {classes + copies}: call grpo_kit's instead"
 
 
 def test_notebooks_lint_clean():
@@ -467,12 +478,22 @@ def test_ensure_trained_run_returns_the_adapter(smoke_session, fake_train, capsy
 
 
 def test_score_examples_orders_the_examples_like_the_rewards_should():
-    table = score_examples(get_preset("cpu").rewards)
+    table = score_examples(get_preset("cpu").rewards, prefill=get_preset("cpu").prefill)
     totals = table["weighted total"].tolist()
     assert totals == sorted(totals) and totals[0] == 0.0 and totals[-1] > totals[-2]
     assert list(table.columns) == ["tag_progress", "correctness", "weighted total"]
-    weighted = score_examples([("correctness", 3.0)])
+    weighted = score_examples([("correctness", 3.0)], prefill="<think>\n")
     assert weighted["weighted total"].iloc[-1] == 3 * weighted["correctness"].iloc[-1]
+
+
+def test_score_examples_follow_the_presets_prefill():
+    """A GPU tier has no prefill: its model writes ``<think>`` itself, and the examples must score as such."""
+    t4 = get_preset("t4-16gb")
+    assert t4.prefill == ""
+    table = score_examples(t4.rewards, prefill=t4.prefill)
+    full = table.loc["full format, right number"]
+    assert (full["format"], full["tag_count"], full["correctness"]) == (0.5, 1.0, 2.0)
+    assert table.equals(score_examples(t4.rewards, prefill="<think>\n"))
 
 
 def test_preview_prompt_is_what_training_sends(embedded_dir):

@@ -455,7 +455,10 @@ def test_parse_reward_spec(spec, names, weights):
         (" , ", "No reward named"),
         ([], "No reward named"),
         (None, "must be a string"),
-        (["correctness", 2], "must be a string"),
+        (["correctness", 2], "neither a name nor a function"),
+        ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
+        ("json:no_such_function", "has no function 'no_such_function'"),
+        ("json:__doc__", "is not a function"),
     ],
 )
 def test_parse_reward_spec_errors(spec, message):
@@ -484,3 +487,24 @@ def test_score_completions_defaults_to_every_reward_and_broadcasts_gold_and_pref
 def test_score_completions_rejects_unknown_names():
     with pytest.raises(GrpoKitError, match="Unknown reward"):
         score_completions([GOOD], GOLD, names=["nope"])
+
+
+def test_a_reward_from_a_module_beside_you_is_imported(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards_mod.py").write_text(
+        "def brevity(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
+    funcs, weights, names = parse_reward_spec("correctness:2,my_rewards_mod:brevity:0.5")
+    assert names == ["correctness", "my_rewards_mod:brevity"] and weights == [2.0, 0.5]
+    assert funcs[1](["abcd"]) == [-0.04] and funcs[1].__name__ == "brevity"
+    again = parse_reward_spec([f"{n}:{w}" for n, w in zip(names, weights, strict=True)])  # as run.json records it
+    assert again[2] == names and again[1] == weights
+
+
+def test_functions_and_pairs_are_rewards_too():
+    def brevity(completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    funcs, weights, names = parse_reward_spec([REWARDS["format"], (brevity, 0.25)])
+    assert funcs == [REWARDS["format"], brevity] and names == ["format", "brevity"] and weights == [1.0, 0.25]

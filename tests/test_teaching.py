@@ -20,6 +20,7 @@ from grpo_kit.teaching import (
     k3_kl,
     token_weights,
     trl_loss,
+    vllm_is_ratio,
     zero_std_fraction,
 )
 
@@ -146,6 +147,34 @@ def test_grpo_loss_matches_trl_compute_loss(loss_type, beta):
     kwargs = {"beta": beta, "ref_logps": ref, "max_completion_length": 8}
     ours = grpo_loss(logps, old, advantages, mask, loss_type, **kwargs).item()
     assert ours == pytest.approx(trl_loss(logps, old, advantages, mask, loss_type, **kwargs), abs=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"])
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_vllm_importance_weight_matches_trl(loss_type, mode):
+    torch.manual_seed(2)
+    batch, tokens = 4, 6
+    logps = torch.randn(batch, tokens) * 0.3 - 1.0
+    sampling = logps + 0.6 * torch.randn(batch, tokens)  # vLLM's probabilities differ from the trainer's
+    mask = (torch.arange(tokens) < torch.tensor([[6], [2], [4], [1]])).float()
+    ratio = vllm_is_ratio(logps, sampling, mask, mode=mode, clip_max=1.5, clip_min=0.7)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    args = {"beta": 0.04, "ref_logps": logps + 0.1, "max_completion_length": 8, "is_ratio": ratio}
+    ours = grpo_loss(logps, logps, advantages, mask, loss_type, **args).item()
+    assert ours == pytest.approx(trl_loss(logps, logps, advantages, mask, loss_type, **args), abs=1e-6)
+    assert ours != pytest.approx(grpo_loss(logps, logps, advantages, mask, loss_type, beta=0.04,
+                                           ref_logps=logps + 0.1, max_completion_length=8).item(), abs=1e-4)
+
+
+def test_vllm_importance_weight_modes():
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    trainer = torch.tensor([[0.0, 0.0, 9.0]])  # the padded token's difference must not count
+    sampling = torch.tensor([[-0.5, -1.0, 0.0]])  # per-token log-weights 0.5 and 1.0; 1.5 per sequence
+    assert vllm_is_ratio(trainer, sampling, mask, "sequence_truncate").item() == pytest.approx(3.0)  # e^1.5 > 3
+    assert vllm_is_ratio(trainer, sampling, mask, "sequence_mask", clip_max=5.0).item() == pytest.approx(4.4817, abs=1e-3)
+    assert vllm_is_ratio(trainer, sampling, mask, "token_mask", clip_max=2.0).tolist()[0][:2] == pytest.approx([1.6487, 0.0], abs=1e-3)
+    with pytest.raises(GrpoKitError, match="importance-sampling mode"):
+        vllm_is_ratio(trainer, sampling, mask, "token_clip")
 
 
 def test_trl_loss_fails_loudly_when_inputs_are_missing():

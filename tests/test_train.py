@@ -156,6 +156,15 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     assert run_info["rewards"] == ["toy_length"]
 
 
+def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
+    """A reward written by the learner (in a notebook cell, say) is passed as a function, no registry involved."""
+    result = train(_tiny_preset(tiny_model_dir, max_steps=1), data="arithmetic", output_dir=tmp_path / "run",
+                   rewards=[(toy_length, 2.0)])
+    rows = read_metrics(result.metrics_path)
+    assert "reward/toy_length" in rows[0]
+    assert json.loads((result.run_dir / "run.json").read_text())["preset"]["rewards"] == [["toy_length", 2.0]]
+
+
 @pytest.mark.slow
 def test_resume_continues_at_the_right_step(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"

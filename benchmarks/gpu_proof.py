@@ -1,0 +1,719 @@
+"""GPU proof: does every GPU tier really fit and run on its card? One command, any CUDA machine, no internet.
+
+For each GPU tier preset (t4-16gb, l4-24gb, a100-40gb, a100-80gb) and each supported architecture (Llama-3.1-8B,
+Qwen2.5-Math-7B, Qwen2.5-1.5B) it builds a random-initialised model of the exact shape from a config written here
+(no download), with the embedded model's tokenizer, and runs the kit's real path - ``grpo_kit.train.train``: Unsloth
+4-bit (or 16-bit, per tier) load, LoRA, a few GRPO steps with the tier's batch shape - with every completion forced
+to full length (the worst case for memory) and the process's GPU memory capped to the tier's card
+(``torch.cuda.set_per_process_memory_fraction``). Then the same steps with plain TRL + PEFT + bitsandbytes (the kit's
+``transformers`` backend, no Unsloth) for a speed and memory ratio, and an export round trip (lora and merged16,
+verified by ``grpo_kit.export``) on the small shape.
+
+Each run is its own subprocess (a CUDA OOM, or Unsloth's process-wide patching, must not touch the next run) with a
+timeout; a failure becomes a row, never a crash. Results: ``<out>/gpu_proof.json`` and ``<out>/gpu_proof.md`` (a
+table for docs/VRAM.md with the date, GPU, driver and library versions).
+
+    python benchmarks/gpu_proof.py --out gpu-proof-results            # everything the card can emulate
+    python benchmarks/gpu_proof.py --tiers t4-16gb --archs qwen2.5-1.5b --steps 2 --skip-plain
+    python benchmarks/gpu_proof.py --dry-run                          # the plan; no GPU, no Unsloth import
+
+What it cannot prove: a capped H100 is not a T4. Memory peaks carry over (same allocator, same tensors), speeds do
+not (other kernels, other bandwidth), and a T4 tier is run in fp16 on a card that has bf16. vLLM is off in every run
+(it is optional and not in the offline bundle), so the numbers are for Unsloth/transformers generation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if (ROOT / "grpo_kit").is_dir() and str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # run from a checkout; from the bundle the kit is installed
+
+GIB = 2**30
+TIERS = ("t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb")
+#: The export round trip runs on the small shape under the smallest tier.
+EXPORT_ARCH, EXPORT_TIER = "qwen2.5-1.5b", "t4-16gb"
+#: Where the proof finds the tokenizer when it is not given: the bundle's copy (install.sh sets this).
+TOKENIZER_ENV = "GRPO_KIT_TOKENIZER"
+#: Nothing may reach the network: Hub look-ups fail fast, Unsloth's usage statistics stay off.
+OFFLINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "UNSLOTH_DISABLE_STATISTICS": "1",
+}
+
+# The shape fields of the real models' config.json, as published on the Hugging Face Hub:
+#   meta-llama/Llama-3.1-8B, Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-1.5B (the Instruct and unsloth/... variants the
+#   presets name share these shapes). Cross-checked against public code that restates them: zyzshishui/slime
+#   scripts/models/llama3.1-8B.sh (4096/14336/32 layers/8 KV groups/128256, rope 500000 x8) and oumi
+#   configs/recipes/llama3_1/README.md; Qwen2.5-7B's linear shapes (3584 x 18944, KV 512) in public layer tables;
+#   Qwen2.5-1.5B's 1536/8960/28/12/2/151936 with tied embeddings. tests/test_gpu_proof.py counts the parameters of
+#   each built shape (meta device) against the published totals that grpo_kit.planner holds.
+ARCHS: dict[str, dict] = {
+    "llama-3.1-8b": {
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 128256,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+    },
+    "qwen2.5-math-7b": {
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "sliding_window": 4096,
+        "use_sliding_window": False,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
+    "qwen2.5-1.5b": {
+        "model_type": "qwen2",
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "sliding_window": 131072,
+        "use_sliding_window": False,
+        "hidden_act": "silu",
+        "tie_word_embeddings": True,
+    },
+}
+#: The published parameter counts (grpo_kit.planner's table), to show next to the built shape's own count.
+PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B"}
+
+
+# ----------------------------------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Run:
+    """One subprocess: ``kit`` (Unsloth), ``plain`` (TRL + PEFT + bitsandbytes), ``export`` (round trip) or
+    ``build`` (write the random model of ``arch`` once, before its first run)."""
+
+    kind: str
+    tier: str
+    arch: str
+
+    @property
+    def name(self) -> str:
+        return f"build-{self.arch}" if self.kind == "build" else f"{self.kind}-{self.tier}-{self.arch}"
+
+
+def plan_runs(tiers=TIERS, archs=tuple(ARCHS), *, skip_plain: bool = False, export: bool = True) -> list[Run]:
+    """Every run, in order: per tier and arch the kit run then its plain twin; the export round trip last.
+
+    >>> [r.name for r in plan_runs(("t4-16gb",), ("qwen2.5-1.5b",))]
+    ['kit-t4-16gb-qwen2.5-1.5b', 'plain-t4-16gb-qwen2.5-1.5b', 'export-t4-16gb-qwen2.5-1.5b']
+    """
+    runs = []
+    for tier in tiers:
+        for arch in archs:
+            runs.append(Run("kit", tier, arch))
+            if not skip_plain:
+                runs.append(Run("plain", tier, arch))
+    if export:
+        runs.append(Run("export", EXPORT_TIER, EXPORT_ARCH))
+    return runs
+
+
+def proof_preset(run: Run, model_dir: str, steps: int, *, card_bf16: bool = True):
+    """The tier's preset for this run: the local model, vLLM off, ``steps`` steps, the run's backend.
+
+    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_preset`` does for such a card).
+    """
+    from grpo_kit.presets import get_preset
+
+    tier = get_preset(run.tier)
+    precision = tier.precision if card_bf16 or tier.precision != "bf16" else "fp16"
+    return get_preset(
+        run.tier,
+        model=model_dir,
+        use_vllm=False,
+        max_steps=steps,
+        save_steps=10_000,
+        precision=precision,
+        backend="transformers" if run.kind == "plain" else "unsloth",
+    )
+
+
+def shape_params(arch: str) -> int:
+    """Parameters of the model ``ARCHS[arch]`` builds, counted on the meta device (no memory, no download)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(build_config(arch))
+    return sum(p.numel() for p in model.parameters())
+
+
+def build_config(arch: str, tokenizer=None):
+    """A transformers config of the real shape; token ids from ``tokenizer`` (all of them fit in the real vocab)."""
+    from transformers import AutoConfig
+
+    fields = dict(ARCHS[arch])
+    model_type = fields.pop("model_type")
+    if tokenizer is not None:
+        fields.update(
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+        )
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def planner_figures(run: Run, steps: int) -> dict:
+    """The planner's estimate for the run as configured (vLLM off) and for the tier as shipped (vLLM on), GiB."""
+    from grpo_kit.planner import ModelShape, estimate_vram
+    from grpo_kit.presets import get_preset
+
+    shape = dataclasses.replace(ModelShape.from_config(ARCHS[run.arch]), name=run.arch)
+    preset = proof_preset(run, run.arch, steps)
+    as_run = estimate_vram(preset, shape)
+    shipped = estimate_vram(get_preset(run.tier), shape)
+    return {
+        "plan_gib": round(as_run.total_gib, 2),
+        "plan_weights_gib": round(as_run.weights_gib, 2),
+        "plan_logits_gib": round(as_run.logits_gib, 2),
+        "plan_activations_gib": round(as_run.activations_gib, 2),
+        "plan_shipped_with_vllm_gib": round(shipped.total_gib, 2),
+    }
+
+
+def describe_plan(runs: list[Run], steps: int) -> dict:
+    """The plan as data: runs with batch shape, cap and planner figures; shapes with parameter counts."""
+    from grpo_kit import planner
+    from grpo_kit.presets import get_preset
+
+    archs = sorted({r.arch for r in runs}, key=list(ARCHS).index)
+    shapes = {}
+    for arch in archs:
+        published = getattr(planner, PUBLISHED[arch]).params
+        shapes[arch] = {"params": shape_params(arch), "published_params": published, "config": ARCHS[arch]}
+    rows = []
+    for run in runs:
+        tier = get_preset(run.tier)
+        preset = proof_preset(run, run.arch, steps)
+        rows.append(
+            {
+                "run": run.name,
+                "kind": run.kind,
+                "tier": run.tier,
+                "arch": run.arch,
+                "cap_gib": tier.vram_gb,
+                "precision": preset.precision,
+                "load_in_4bit": preset.load_in_4bit,
+                "batch": f"{preset.per_device_train_batch_size}x{preset.gradient_accumulation_steps}",
+                "num_generations": preset.num_generations,
+                "prompt_tokens": preset.max_prompt_length,
+                "completion_tokens": preset.max_completion_length,
+                "steps": 1 if run.kind == "export" else steps,
+                **planner_figures(run, steps),
+            }
+        )
+    return {"steps": steps, "shapes": shapes, "runs": rows}
+
+
+def format_plan(plan: dict) -> str:
+    """The dry-run's printout: shapes, then one line per run."""
+    lines = ["GPU proof plan (random-initialised models of the real shapes; vLLM off; completions at full length)", ""]
+    lines.append("shapes:")
+    for arch, shape in plan["shapes"].items():
+        c = shape["config"]
+        lines.append(
+            f"  {arch:<16} {shape['params'] / 1e9:.3f}B params (published {shape['published_params'] / 1e9:.3f}B): "
+            f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, MLP {c['intermediate_size']}, "
+            f"heads {c['num_attention_heads']}/{c['num_key_value_heads']} KV, vocab {c['vocab_size']}"
+        )
+    lines += ["", f"runs ({len(plan['runs'])}, {plan['steps']} GRPO steps each; export: 1 step + lora/merged16):"]
+    header = f"  {'run':<34} {'cap GiB':>7} {'prec':>5} {'4bit':>4} {'batch':>5} {'G':>3} {'prompt+compl':>12} {'plan GiB':>8} {'shipped+vLLM':>12}"
+    lines.append(header)
+    for r in plan["runs"]:
+        lines.append(
+            f"  {r['run']:<34} {r['cap_gib']:>7g} {r['precision']:>5} {'yes' if r['load_in_4bit'] else 'no':>4} "
+            f"{r['batch']:>5} {r['num_generations']:>3} {r['prompt_tokens']:>5}+{r['completion_tokens']:<6} "
+            f"{r['plan_gib']:>8.2f} {r['plan_shipped_with_vllm_gib']:>12.2f}"
+        )
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------- results
+
+
+#: Columns of the Markdown table: (key in a result row, header).
+COLUMNS = (
+    ("tier", "tier"),
+    ("arch", "model shape"),
+    ("kind", "path"),
+    ("status", "result"),
+    ("peak_allocated_gib", "peak alloc GiB"),
+    ("peak_reserved_gib", "peak reserved GiB"),
+    ("plan_gib", "planner GiB"),
+    ("cap_gib", "cap GiB"),
+    ("seconds_per_step", "s/step"),
+    ("tokens_per_second", "compl tok/s"),
+    ("mean_completion_tokens", "mean compl len"),
+    ("note", "note"),
+)
+
+
+def format_cell(value) -> str:
+    """A table cell: floats to 2 decimals, missing as '-', pipes escaped.
+
+    >>> format_cell(3.14159), format_cell(None), format_cell("a|b")
+    ('3.14', '-', 'a\\\\|b')
+    """
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.2f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def add_ratios(rows: list[dict]) -> list[dict]:
+    """Give each ``plain`` row its Unsloth/plain ratios: speed (plain s/step ÷ kit s/step) and memory."""
+    kit = {(r["tier"], r["arch"]): r for r in rows if r["kind"] == "kit"}
+    out = []
+    for row in rows:
+        row = dict(row)
+        twin = kit.get((row["tier"], row["arch"]))
+        if row["kind"] == "plain" and twin and row.get("status") == twin.get("status") == "fitted":
+            speed = _ratio(row.get("seconds_per_step"), twin.get("seconds_per_step"))
+            memory = _ratio(twin.get("peak_reserved_gib"), row.get("peak_reserved_gib"))
+            row["note"] = f"Unsloth {speed:.2f}x faster, {memory:.2f}x the memory" if speed and memory else row.get("note")
+        out.append(row)
+    return out
+
+
+def _ratio(a, b):
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else None
+
+
+def markdown_table(result: dict) -> str:
+    """The section to paste into docs/VRAM.md: the machine and versions, then one row per run."""
+    env = result["environment"]
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    lines = [
+        f"GPU proof, {result['date']} on {env['gpu']} ({env['gpu_total_gib']:.1f} GiB, driver {env['driver']}, "
+        f"CUDA {env['cuda']}); {versions}. {result['steps']} GRPO steps per run, completions forced to full length, "
+        "vLLM off, memory capped to each tier's card.",
+        "",
+        "| " + " | ".join(h for _, h in COLUMNS) + " |",
+        "|" + "|".join("---" for _ in COLUMNS) + "|",
+    ]
+    for row in add_ratios(result["rows"]):
+        lines.append("| " + " | ".join(format_cell(row.get(key)) for key, _ in COLUMNS) + " |")
+    exports = [r for r in result["rows"] if r["kind"] == "export" and r.get("exports")]
+    for row in exports:
+        for item in row["exports"]:
+            lines.append(
+                f"\nExport {item['format']}: max |dlogit| {item['max_abs_diff']:.2e} <= tolerance "
+                f"{item['tolerance']:.2e} ({item['detail']})"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def environment() -> dict:
+    """GPU name, driver, CUDA and library versions (a missing library reads 'not installed')."""
+    import importlib.metadata
+
+    import torch
+
+    versions = {}
+    for package in ("torch", "transformers", "trl", "peft", "unsloth", "unsloth_zoo", "bitsandbytes", "accelerate"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    cuda = torch.cuda.is_available()
+    props = torch.cuda.get_device_properties(0) if cuda else None
+    return {
+        "gpu": props.name if props else "none",
+        "gpu_total_gib": props.total_memory / GIB if props else 0.0,
+        "capability": f"{props.major}.{props.minor}" if props else "",
+        "driver": _driver_version(),
+        "cuda": torch.version.cuda or "none",
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+
+
+def _driver_version() -> str:
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )
+        return out.stdout.strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+# ----------------------------------------------------------------------------------------------------- workers
+
+
+def tokenizer_dir() -> Path:
+    """The tokenizer the built models use: ``$GRPO_KIT_TOKENIZER`` (the bundle's copy) or the embedded model's."""
+    if os.environ.get(TOKENIZER_ENV):
+        return Path(os.environ[TOKENIZER_ENV])
+    from grpo_kit.models import embedded_model_path
+
+    return embedded_model_path()
+
+
+def build_model(arch: str, folder: Path) -> dict:
+    """Write a random-initialised ``arch`` model (16-bit safetensors + tokenizer) to ``folder``, once."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    done = folder / ".gpu-proof-built"
+    if done.is_file():
+        return json.loads(done.read_text())
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
+    config = build_config(arch, tokenizer)
+    from grpo_kit.runtime import gpu_has_bf16
+
+    dtype = torch.bfloat16 if gpu_has_bf16() else torch.float16
+    need = shape_params(arch) * 2 * 1.2
+    device = "cuda" if torch.cuda.get_device_properties(0).total_memory > need else "cpu"  # init is fast on a GPU
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.save_pretrained(folder, safe_serialization=True, max_shard_size="4GB")
+    tokenizer.save_pretrained(folder)
+    info = {"arch": arch, "params": sum(p.numel() for p in model.parameters()), "dtype": str(dtype)}
+    done.write_text(json.dumps(info))
+    return info
+
+
+def full_length_dataset(preset, tokenizer, rows: int = 64):
+    """Questions padded so the rendered prompt is just under ``max_prompt_length`` tokens (the worst case)."""
+    from datasets import Dataset
+
+    from grpo_kit.data import format_for_grpo
+    from grpo_kit.errors import GrpoKitError
+
+    def dataset(words: int):
+        filler = " ".join(["apples"] * words)
+        questions = [f"Question {i}: a farmer counts {filler}. How many are there?" for i in range(rows)]
+        return Dataset.from_dict({"question": questions, "answer": ["42"] * rows, "solution": ["#### 42"] * rows})
+
+    def fits(words: int) -> bool:
+        try:
+            _, dropped = format_for_grpo(
+                dataset(words).select([0]), tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
+                max_prompt_tokens=preset.max_prompt_length,
+            )
+        except GrpoKitError:  # raised when every prompt is too long: here, the one probe row
+            return False
+        return dropped == 0
+
+    low, high = 0, preset.max_prompt_length  # the most filler words that still fit
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return dataset(low)
+
+
+def make_timer():
+    """A callback that records each optimizer step's wall time (synchronised, so GPU work is counted)."""
+    import torch
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            torch.cuda.synchronize()
+            self.times.append(time.perf_counter() - self._start)
+
+    return StepTimer()
+
+
+def cap_memory(cap_gib: float) -> float:
+    """Limit this process to ``cap_gib`` of GPU 0 (the tier's card); returns the fraction set."""
+    import torch
+
+    total = torch.cuda.get_device_properties(0).total_memory / GIB
+    fraction = min(1.0, cap_gib / total)
+    torch.cuda.set_per_process_memory_fraction(fraction, 0)
+    return fraction
+
+
+def run_worker(spec: dict) -> dict:
+    """Inside the subprocess: build (cached), cap, train (and export); return the result row."""
+    import torch
+
+    from grpo_kit.runtime import gpu_has_bf16
+
+    run = Run(spec["kind"], spec["tier"], spec["arch"])
+    model_dir = Path(spec["models"]) / run.arch
+    if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
+        return {"status": "built", **build_model(run.arch, model_dir)}
+    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16())
+    from grpo_kit.models import prepare_backend
+
+    prepare_backend(preset)  # Unsloth runs: import it before the tokenizer/timer import transformers (import order)
+    row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision}
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        row.update(_train_and_measure(run, preset, spec))
+        row["status"] = "fitted"
+    except torch.OutOfMemoryError as error:
+        row.update(status="OOM", note=str(error).splitlines()[0][:200])
+    except Exception as error:  # noqa: BLE001 - every failure is a row, with its reason
+        oom = "out of memory" in str(error).lower()
+        row.update(status="OOM" if oom else "error", note=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                   if str(error) else type(error).__name__, traceback=traceback.format_exc()[-4000:])
+    row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+    row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    return row
+
+
+def _train_and_measure(run: Run, preset, spec: dict) -> dict:
+    from grpo_kit.models import load_tokenizer
+    from grpo_kit.train import train
+
+    steps = 1 if run.kind == "export" else spec["steps"]
+    timer = make_timer()
+    out = Path(spec["out"]) / "runs" / run.name
+    result = train(
+        preset,
+        dataset=full_length_dataset(preset, load_tokenizer(preset.model)),
+        max_steps=steps,
+        output_dir=out,
+        overrides={
+            # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
+            "generation_kwargs": {"min_new_tokens": preset.max_completion_length},
+            "save_strategy": "no",
+            "report_to": "none",
+        },
+        callbacks=(timer,),
+    )
+    later = timer.times[1:] or timer.times  # the first step also warms up kernels and the allocator
+    per_step = sorted(later)[len(later) // 2] if later else None
+    lengths = [h["completions/mean_length"] for h in result.history if "completions/mean_length" in h]
+    mean_len = sum(lengths) / len(lengths) if lengths else None
+    row = {
+        "steps_done": result.steps,
+        "step_seconds": timer.times,
+        "seconds_per_step": per_step,
+        "first_step_seconds": timer.times[0] if timer.times else None,
+        "mean_completion_tokens": mean_len,
+        "tokens_per_second": (preset.generation_batch_size * mean_len / per_step) if per_step and mean_len else None,
+    }
+    if run.kind == "export":
+        import gc
+
+        import torch
+
+        gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
+        torch.cuda.empty_cache()
+        row["exports"] = _export(result.adapter_dir, preset.model, out)
+    return row
+
+
+def _export(adapter_dir: Path, base_model: str, out: Path) -> list[dict]:
+    from grpo_kit.export import export
+
+    results = export(adapter_dir, ("lora", "merged16"), base_model=base_model, out_dir=out / "exports", overwrite=True)
+    return [r.to_dict() for r in results]
+
+
+def worker_main(spec_path: str) -> int:
+    """``--worker SPEC.json``: one run; its row goes to SPEC's ``result`` path even when the run fails."""
+    os.environ.update(OFFLINE_ENV)
+    spec = json.loads(Path(spec_path).read_text())
+    try:
+        row = run_worker(spec)
+    except Exception as error:  # noqa: BLE001 - the build or the import failed: still a row
+        row = {"status": "error", "note": f"{type(error).__name__}: {error}"[:300],
+               "traceback": traceback.format_exc()[-4000:]}
+    Path(spec["result"]).write_text(json.dumps(row, default=str, indent=2))
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------- driver
+
+
+def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
+    """Run ``run`` in a fresh Python process with a timeout; a crash, timeout or skip is still a row."""
+    row = {"kind": run.kind, "tier": run.tier, "arch": run.arch, **plan_row}
+    left = deadline - time.time()
+    if left < 60:
+        return {**row, "status": "skipped", "note": "--time-budget used up"}
+    spec_dir = args.out / "specs"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    spec = {"kind": run.kind, "tier": run.tier, "arch": run.arch, "steps": args.steps, "out": str(args.out),
+            "models": str(args.models or args.out / "models"), "result": str(spec_dir / f"{run.name}.result.json")}
+    spec_path = spec_dir / f"{run.name}.json"
+    spec_path.write_text(json.dumps(spec))
+    shutil.rmtree(args.out / "runs" / run.name, ignore_errors=True)  # train() refuses a used run folder
+    Path(spec["result"]).unlink(missing_ok=True)
+    log = args.out / "logs" / f"{run.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    try:
+        with open(log, "w") as handle:
+            done = subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], stdout=handle,
+                                  stderr=subprocess.STDOUT, timeout=min(args.run_timeout, left),
+                                  env={**os.environ, **OFFLINE_ENV})
+        code = done.returncode
+    except subprocess.TimeoutExpired:
+        return {**row, "status": "timeout", "note": f"no result in {min(args.run_timeout, left):.0f} s", "log": str(log)}
+    row["wall_seconds"] = time.time() - start
+    row["log"] = str(log)
+    result = Path(spec["result"])
+    if not result.is_file():  # killed hard (e.g. a CUDA fault or the kernel's OOM killer)
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.is_file() else []
+        return {**row, "status": "crashed", "note": f"exit {code}: {' '.join(tail)[:200]}"}
+    return {**row, **json.loads(result.read_text())}
+
+
+#: Plan figures copied into each result row.
+PLAN_KEYS = ("cap_gib", "plan_gib", "plan_shipped_with_vllm_gib")
+
+
+def can_emulate(tier_gib: float, card_gib: float) -> bool:
+    """A tier can be emulated on a card at least as large (the cap only takes memory away)."""
+    return card_gib >= tier_gib
+
+
+def drive(args, runs: list[Run], plan: dict) -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("No CUDA GPU here. Use --dry-run to see the plan, or run this on a CUDA machine.")
+    env = environment()
+    result = {"date": datetime.date.today().isoformat(), "environment": env, "steps": args.steps, "rows": []}
+    deadline = time.time() + args.time_budget
+    by_name = {r["run"]: r for r in plan["runs"]}
+    built: dict[str, dict] = {}
+    for run in runs:
+        plan_row = {k: by_name[run.name][k] for k in PLAN_KEYS}
+        if run.arch not in built and can_emulate(plan_row["cap_gib"], env["gpu_total_gib"]):
+            print(f"[gpu-proof] building a random {run.arch} ...", flush=True)
+            built[run.arch] = run_one(Run("build", "-", run.arch), args, {}, deadline)
+        if not can_emulate(plan_row["cap_gib"], env["gpu_total_gib"]):
+            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "skipped",
+                   "note": f"card has {env['gpu_total_gib']:.1f} GiB < tier {plan_row['cap_gib']:g} GiB"}
+        elif built[run.arch].get("status") != "built":
+            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "error",
+                   "note": f"building the model failed: {built[run.arch].get('note', '')}"[:300]}
+        else:
+            print(f"[gpu-proof] {run.name} ...", flush=True)
+            row = run_one(run, args, plan_row, deadline)
+        print(f"[gpu-proof] {run.name}: {row['status']} {row.get('note', '')}", flush=True)
+        result["rows"].append(row)
+        write_results(result, args.out)  # after every run: a killed proof keeps what it measured
+    return result
+
+
+def write_results(result: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu_proof.json").write_text(json.dumps(result, indent=2, default=str))
+    (out / "gpu_proof.md").write_text(markdown_table(result))
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tiers", default=",".join(TIERS), help=f"comma-separated (default: {','.join(TIERS)})")
+    parser.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated (default: {','.join(ARCHS)})")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default 3; s/step is the median "
+                        "after the first)")
+    parser.add_argument("--skip-plain", action="store_true", help="no plain TRL + PEFT + bitsandbytes twin runs")
+    parser.add_argument("--skip-export", action="store_true", help="no export round trip")
+    parser.add_argument("--out", type=Path, help="results folder (default gpu-proof-results; with --dry-run: "
+                        "where plan.json goes, none without it)")
+    parser.add_argument("--models", type=Path, help="where the built models go (default OUT/models; ~35 GB)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    parser.add_argument("--time-budget", type=float, default=6 * 3600, help="seconds for the whole proof; runs "
+                        "that would start later are recorded as skipped (default 6 h)")
+    parser.add_argument("--run-timeout", type=float, default=3600, help="seconds per run (default 1 h)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.tiers = _choices(args.tiers, TIERS, "--tiers")
+    args.archs = _choices(args.archs, tuple(ARCHS), "--archs")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    return args
+
+
+def _choices(text: str, valid: tuple, flag: str) -> tuple:
+    chosen = tuple(x.strip() for x in text.split(",") if x.strip())
+    bad = [x for x in chosen if x not in valid]
+    if bad or not chosen:
+        raise SystemExit(f"{flag}: unknown {', '.join(bad) or '(empty)'}; choose from {', '.join(valid)}.")
+    return chosen
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker)
+    runs = plan_runs(args.tiers, args.archs, skip_plain=args.skip_plain, export=not args.skip_export)
+    plan = describe_plan(runs, args.steps)
+    if args.dry_run:
+        print(format_plan(plan))
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "plan.json").write_text(json.dumps(plan, indent=2))
+        return 0
+    args.out = args.out or Path("gpu-proof-results")
+    result = drive(args, runs, plan)
+    print(markdown_table(result))
+    print(f"[gpu-proof] wrote {args.out / 'gpu_proof.json'} and {args.out / 'gpu_proof.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

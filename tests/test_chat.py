@@ -1,0 +1,50 @@
+"""``grpo-kit chat``: a user's own question answered by base + adapter, with the prompt the run trained on."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from grpo_kit import chat
+from grpo_kit.cli import main
+from grpo_kit.evaluate import build_prompts, generate_hf
+
+
+@pytest.fixture
+def run_adapter(tmp_path, tiny_model_dir, make_adapter):
+    """A run folder as ``grpo-kit train`` leaves it: ``adapter/`` plus ``run.json`` with the recipe's prompt."""
+    run = tmp_path / "run"
+    make_adapter(tiny_model_dir, run / "adapter")
+    (run / "run.json").write_text(json.dumps({"model": str(tiny_model_dir), "preset": {"few_shot": 1, "prefill": "<think>\n"}}))
+    return run / "adapter"
+
+
+def test_chat_answers_with_the_adapter_and_the_runs_prompt(run_adapter, tiny_model_dir, capsys):
+    model, tokenizer, settings = chat.load_chat_model(None, run_adapter)
+    assert settings == {"few_shot": 1, "prefill": "<think>\n"}
+    assert hasattr(model, "disable_adapter")  # the adapter is applied, on the base it recorded
+    reply = chat.ask(model, tokenizer, "What is 2 + 3?", max_new_tokens=6, **settings)
+    prompt = build_prompts(["What is 2 + 3?"], tokenizer, **settings)[0]
+    expected = generate_hf(model, tokenizer, [prompt], max_new_tokens=6, progress=False)[0][0][0]
+    assert reply == "<think>\n" + expected
+    printed = capsys.readouterr().out
+    assert printed.startswith("<think>\n") and expected.strip()[:5] in printed
+
+
+def test_chat_cli_takes_the_question_as_arguments(run_adapter, capsys):
+    assert main(["chat", "--adapter", str(run_adapter), "--max-new-tokens", "4", "How", "many", "apples?"]) == 0
+    assert capsys.readouterr().out.startswith("<think>\n")
+
+
+def test_chat_cli_reads_questions_from_stdin(run_adapter, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO("First question?\n\nSecond question?\n"))
+    assert main(["chat", "--adapter", str(run_adapter), "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Q: ") == 2 and "Q: Second question?" in out
+
+
+def test_chat_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):
+    assert main(["chat", "--adapter", str(tmp_path), "--model", "embedded", "hi"]) == 2
+    assert "not a LoRA adapter folder" in capsys.readouterr().err
