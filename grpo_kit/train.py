@@ -5,8 +5,11 @@ What this module adds around TRL, and nothing more:
 - ``build_grpo_config``: preset + overrides → ``GRPOConfig``. Every key is checked against the installed TRL's
   fields, so a TRL upgrade that renames a field fails loudly instead of being silently ignored.
 - ``MetricsLogger``: each logged step appended to ``<run_dir>/metrics.jsonl`` (the plots read it).
-- ``latest_checkpoint``: the newest *complete* ``checkpoint-N`` folder, so ``resume=True`` never picks a half-written
-  one; metrics logged after that checkpoint are cut so the history stays continuous.
+- ``latest_checkpoint``: the newest *complete* ``checkpoint-N`` folder (state, readable adapter weights, optimizer and
+  scheduler state), so ``resume=True`` never picks a half-written one; metrics logged after that checkpoint are cut
+  so the history stays continuous. A run that already reached ``max_steps`` is left as it is.
+- ``coerce_overrides``: ``--set`` values converted to their field's type and checked (finite numbers) up front.
+- A lock per run folder (``guards.acquire_run_lock``), so two processes never train into the same one.
 - ``train``: the whole run, returning a ``TrainResult`` with the reward at the start and at the end.
 
 Run folder layout (see docs/DESIGN.md)::
