@@ -234,13 +234,16 @@ def _scalar_kinds(hint) -> set:
     return kinds
 
 
-def _field_hints(preset) -> dict[str, Any]:
-    """Field name → annotation, for the preset's fields and GRPOConfig's (the preset wins: split_overrides does too)."""
+def _field_hints(preset, *, config: bool = True) -> dict[str, Any]:
+    """Field name → annotation, for the preset's fields and (``config=True``) GRPOConfig's (the preset wins:
+    split_overrides does too)."""
     import typing
 
-    from trl import GRPOConfig
+    hints = {}
+    if config:
+        from trl import GRPOConfig
 
-    hints = dict(typing.get_type_hints(GRPOConfig))
+        hints.update(typing.get_type_hints(GRPOConfig))
     hints.update(typing.get_type_hints(type(preset)))
     return hints
 
@@ -283,13 +286,14 @@ def _as_number(value: Any) -> float | None:
         return None
 
 
-def coerce_overrides(preset, overrides: dict[str, Any]) -> dict[str, Any]:
+def coerce_overrides(preset, overrides: dict[str, Any], *, config: bool = True) -> dict[str, Any]:
     """Each override converted to its field's type (preset or GRPOConfig) and checked, before any weights load.
 
     ``--set max_steps=1.5``, ``learning_rate=abc`` or ``learning_rate=nan`` are refused naming field, expected type
-    and value; unknown names pass through to the name check (which suggests the right one).
+    and value; unknown names pass through to the name check (which suggests the right one). ``config=False`` converts
+    only the preset's fields, without importing TRL (``train`` must import Unsloth first on the GPU path).
     """
-    hints = _field_hints(preset)
+    hints = _field_hints(preset, config=config)
     return {key: coerce_value(key, value, _scalar_kinds(hints[key])) if key in hints else value
             for key, value in overrides.items()}
 
@@ -463,15 +467,16 @@ def _releases_run_locks(function):
     """Decorator: release the run-folder locks ``function`` took, however it ends."""
     import functools
 
-    from grpo_kit.guards import release_run_lock
-
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
         try:
             return function(*args, **kwargs)
         finally:
-            while _HELD_LOCKS:
-                release_run_lock(_HELD_LOCKS.pop())
+            if _HELD_LOCKS:  # guards imports transformers: never at import time (Unsloth must come first)
+                from grpo_kit.guards import release_run_lock
+
+                while _HELD_LOCKS:
+                    release_run_lock(_HELD_LOCKS.pop())
 
     return wrapper
 
@@ -554,10 +559,11 @@ def train(
         funcs, weights, names = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
     if max_steps is not None:
         preset = dataclasses.replace(preset, max_steps=max_steps)
-    preset, overrides = split_overrides(preset, coerce_overrides(preset, overrides or {}))
+    preset, overrides = split_overrides(preset, coerce_overrides(preset, overrides or {}, config=False))
     check_weight_sync(preset)  # server mode + 4-bit weights cannot work: refused before anything loads
     # Before anything imports TRL/transformers/PEFT: Unsloth patches them (and rebinds trl.GRPOTrainer) at import.
     backend = models.prepare_backend(preset)
+    overrides = coerce_overrides(preset, overrides)  # GRPOConfig fields: their types come from TRL, imported only now
     preset = models.without_missing_vllm(preset)  # no importable vLLM: one line, then plain generate (planned so)
 
     import trl

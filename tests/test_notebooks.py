@@ -367,14 +367,6 @@ def test_unknown_preset_name_is_a_user_error(tmp_path):
 # --------------------------------------------------------------------------------------------- runs
 
 
-def _fake_checkpoint(run_dir: Path, step: int) -> Path:
-    folder = run_dir / f"checkpoint-{step}"
-    folder.mkdir(parents=True)
-    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    (folder / "adapter_model.safetensors").write_bytes(b"0")
-    return folder
-
-
 def _fake_adapter(run_dir: Path) -> Path:
     adapter = run_dir / "adapter"
     adapter.mkdir(parents=True)
@@ -382,23 +374,23 @@ def _fake_adapter(run_dir: Path) -> Path:
     return adapter
 
 
-def test_run_status(tmp_path):
+def test_run_status(tmp_path, fake_checkpoint):
     run = tmp_path / "train"
     assert run_status(run, 2) == "new"
-    _fake_checkpoint(run, 1)
+    fake_checkpoint(run, 1)
     assert run_status(run, 2) == "partial"
-    _fake_checkpoint(run, 2)
+    fake_checkpoint(run, 2)
     assert run_status(run, 2) == "partial"  # no final adapter yet
     _fake_adapter(run)
     assert run_status(run, 2) == "done"
     assert run_status(run, 4) == "partial"  # asked for more steps: resume
 
 
-def test_load_finished_run_reads_the_files(tmp_path):
+def test_load_finished_run_reads_the_files(tmp_path, fake_checkpoint):
     run = tmp_path / "train"
     with pytest.raises(GrpoKitError, match="notebook 03"):
         load_finished_run(run)
-    _fake_checkpoint(run, 2)
+    fake_checkpoint(run, 2)
     _fake_adapter(run)
     rows = [{"step": 1, "reward": 0.0, "step_time": 3.0}, {"step": 2, "reward": 1.0, "step_time": 4.5}]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -425,7 +417,7 @@ def smoke_session(tmp_path):
 
 
 @pytest.fixture
-def fake_train(monkeypatch):
+def fake_train(monkeypatch, fake_checkpoint):
     """Replace grpo_kit.train.train with a recorder that writes a finished run."""
     calls = []
 
@@ -434,7 +426,7 @@ def fake_train(monkeypatch):
         run = Path(output_dir)
         run.mkdir(parents=True, exist_ok=True)
         if not (run / f"checkpoint-{max_steps}").exists():
-            _fake_checkpoint(run, max_steps)
+            fake_checkpoint(run, max_steps)
         if not (run / "adapter").exists():
             _fake_adapter(run)
         return SimpleNamespace(adapter_dir=run / "adapter", run_dir=run)
@@ -610,9 +602,9 @@ def test_strip_notebook_removes_outputs_and_counts(tmp_path):
     assert (cleaned.outputs, cleaned.execution_count, "execution" in cleaned.metadata) == ([], None, False)
 
 
-def test_a_run_made_with_another_recipe_is_set_aside_not_reused(smoke_session, fake_train, capsys):
+def test_a_run_made_with_another_recipe_is_set_aside_not_reused(smoke_session, fake_train, fake_checkpoint, capsys):
     run = smoke_session.paths.run_dir
-    _fake_checkpoint(run, nbk.SMOKE_STEPS)
+    fake_checkpoint(run, nbk.SMOKE_STEPS)
     _fake_adapter(run)
     recorded = dataclasses.asdict(dataclasses.replace(smoke_session.preset, learning_rate=1e-3, max_steps=99))
     (run / "run.json").write_text(json.dumps({"preset": recorded}, default=str))
