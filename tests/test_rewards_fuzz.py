@@ -170,7 +170,6 @@ def test_every_reward_is_total_on_generated_completions(batch, noise, gold, pref
             "{t}",
             "{n} (= {n} + 0)",
             "{n}, because the parts add up",
-            "{n}</answer>" + " Done." * 1_000,
         ]
     ),
     prefill=prefills,
@@ -186,7 +185,7 @@ def test_correct_answers_score_above_wrong_ones(value, style, prefill):
     )
     if style.startswith("$") and value < 0:
         written = "-$" + f"{-value:,}"
-    text = f"<think>\nwork\n</think>\n<answer>\n{written}\n</answer>"
+    text = f"<think>\nwork\n</think>\n<answer>\n{written}\n</answer>" + "\nChecked: 1 + 2 = 3." * (value % 500)
     right = REWARDS["correctness"]([text], answer=[str(value)])
     wrong = REWARDS["correctness"]([text], answer=[str(value + 1)])
     assert right == [2.0] and wrong == [0.0]
