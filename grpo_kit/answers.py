@@ -69,10 +69,12 @@ _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 _PLAIN_FRACTION = re.compile(r"([-\u2212]?\d+)\s*/\s*(\d+)")
 _LATEX_FRACTION = re.compile(r"([-\u2212]?)\s*\\[dt]?frac\s*\{\s*([-\u2212]?\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 # "460 (= 459 + 1)", "460, because ...", "$460 dollars; ...": a result first (markdown, "$", "=" may precede it,
-# one unit word or "%" may follow it), then a remark that starts with a separator or a word of explanation.
+# one unit word or "%" may follow it), then a remark that starts with a separator or a word of explanation. A list
+# of numbers ("18, 19", "18\n19", "1. 18") or a time ("12:30") is no remark: the last-number rule reads those.
 _LEAD = re.compile(
     r"[\s*_$=:]*(?P<number>" + _NUMBER.pattern + r")[\s*_]*(?:%|[^\W\d_]+\b)?[\s*_]*"
-    r"(?P<remark>(?:,(?!\d)|[(\[;:=\u2014]|\.\s|\n|(?:because|since|as|which|from|after|per)\b).*)",
+    r"(?P<remark>(?:[,;](?!\s*[-\u2212\d$.])|:(?!\d)|[(\[=\u2014]|\.\s(?!\s*[-\u2212\d])|\n(?!\s*[-\u2212\d$])"
+    r"|(?:because|since|as|which|from|after|per)\b).*)",
     re.DOTALL | re.IGNORECASE,
 )
 # A remark that concludes something else ("460, so the total is 920") does not leave 460 as the result.

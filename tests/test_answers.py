@@ -151,7 +151,7 @@ MISSED_STYLES = {
         ("460 because 3 parts of 153 and 1 more", "460"),
         ("460 dollars, since 4 weeks at 115", "460"),
         ("460. The 3 parts add up.", "460"),
-        ("460; 3 parts", "460"),
+        ("460; the 3 parts add up", "460"),
         ("460\n(3 parts)", "460"),
         ("18, not 19", "18"),
         ("75%, as 3 of 4 passed", "75"),
@@ -248,6 +248,11 @@ def test_conventions_never_credit_the_other_reading(text, gold):
         ("<answer>460, so the total is 920</answer>", "460"),  # a remark that concludes another number
         ("<answer>460 - 1 = 459</answer>", "460"),
         ("<answer>**18**</answer>", "180"),
+        ("<answer>18, 19</answer>", "18"),  # a list, not a result and a remark
+        ("<answer>18; 19</answer>", "18"),
+        ("<answer>18\n19</answer>", "18"),
+        ("<answer>1. 18</answer>", "1"),
+        ("<answer>12:30</answer>", "12"),
         ("<answer>18 000</answer>", "18"),
         ("<answer>1 800</answer>", "18"),
     ],
