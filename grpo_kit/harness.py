@@ -186,30 +186,36 @@ def evaluate_harness(
     return HarnessResult(task, strict, flexible, len(dataset), protocol, label, round(time.time() - started, 2))
 
 
+def _runs(args) -> dict[str, str | None]:
+    """Which models to evaluate: name -> adapter (None = the base model), as ``grpo-kit eval`` names them."""
+    if args.adapter and args.compare:
+        return {"base": None, "tuned": args.adapter}
+    return {"tuned": args.adapter} if args.adapter else {"base": None}
+
+
+def _out_path(out: Path, name: str, runs: dict) -> Path:
+    """``--out`` for the tuned (or only) result; ``<stem>-base.json`` beside it for the base one with --compare."""
+    return out if len(runs) == 1 or name == "tuned" else out.with_name(f"{out.stem}-{name}{out.suffix or '.json'}")
+
+
 def cli_harness(args, dataset) -> int:
-    """``grpo-kit eval --harness TASK``: lm-eval's task on the base model, and on base+adapter with --adapter."""
+    """``grpo-kit eval --harness TASK``: lm-eval's task on the base model, on base+adapter, or both (--compare)."""
     check_task(args.harness)
+    if args.maj:
+        raise GrpoKitError("--maj belongs to the kit's protocol; lm-eval's gsm8k tasks are greedy. Leave out --maj.")
     options = dict(
         task=args.harness,
         fewshot_data=args.fewshot_data,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
     )
-    runs = (
-        {"base": None, "tuned": args.adapter}
-        if (args.adapter and args.compare)
-        else {"tuned" if args.adapter else "base": args.adapter}
-    )
+    runs = _runs(args)
     started = time.time()
     for name, adapter in runs.items():
         result = evaluate_harness(args.model, dataset, adapter=adapter, label=name, **options)
         print(f"{name}: {result.summary()}")
         if args.out:
-            out = Path(args.out)
-            target = (
-                out if len(runs) == 1 or name == "tuned" else out.with_name(f"{out.stem}-{name}{out.suffix or '.json'}")
-            )
-            print(f"wrote {result.save(target)}")
+            print(f"wrote {result.save(_out_path(Path(args.out), name, runs))}")
     print(f"protocol: {result.protocol}")
     print(f"wall time {time.time() - started:.0f} s")
     return 0

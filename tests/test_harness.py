@@ -136,3 +136,22 @@ def test_cli_runs_gsm8k_cot_on_the_embedded_model_offline(manager, gsm8k_file, o
 def test_cli_refuses_an_unknown_task_before_loading_a_model(gsm8k_file, capsys):
     assert main(["eval", "--harness", "mmlu", "--data", str(gsm8k_file)]) == 2
     assert "Unknown harness task 'mmlu'" in capsys.readouterr().err
+
+
+def test_cli_refuses_maj_with_the_harness(gsm8k_file, capsys):
+    assert main(["eval", "--harness", "gsm8k_cot", "--maj", "4", "--data", str(gsm8k_file)]) == 2
+    assert "Leave out --maj" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("adapter", "compare", "expected"),
+    [(None, False, {"base": None}), ("a", False, {"tuned": "a"}), ("a", True, {"base": None, "tuned": "a"})],
+)
+def test_runs_follow_the_kit_eval_naming(adapter, compare, expected, tmp_path):
+    args = type("Args", (), {"adapter": adapter, "compare": compare})()
+    runs = harness._runs(args)
+    assert runs == expected
+    names = {name: harness._out_path(tmp_path / "h.json", name, runs).name for name in runs}
+    assert names == (
+        {"base": "h.json"} if adapter is None else {"tuned": "h.json", **({"base": "h-base.json"} if compare else {})}
+    )
