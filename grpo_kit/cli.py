@@ -48,7 +48,9 @@ def _add_train(sub) -> None:
     p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
     p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
-    p.add_argument("--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping")
+    p.add_argument(
+        "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
+    )
     p.add_argument("--loss-type", choices=list(LOSS_VARIANTS), help="GRPO loss variant (docs/SCALING.md explains each)")
     p.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
     p.add_argument("--num-generations", type=int, help="completions sampled per prompt (the group size G)")
@@ -67,13 +69,19 @@ def _add_train(sub) -> None:
     p.add_argument("--backend", choices=list(BACKENDS), help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
-    p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE), help="questions whose sampled rewards were all equal (default: keep)")
+    p.add_argument(
+        "--zero-variance",
+        choices=list(ZERO_VARIANCE),
+        help="questions whose sampled rewards were all equal (default: keep)",
+    )
     p.set_defaults(func=_handler("train", "cli_train"))
 
 
 def _add_curriculum(sub) -> None:
     p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance")
-    p.add_argument("--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path")
+    p.add_argument(
+        "--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path"
+    )
     p.add_argument("--preset", default="cpu", help="preset whose prompt format, rewards and sampling settings to use")
     p.add_argument("--model", help="model id or folder (default: the preset's)")
     p.add_argument("--adapter", help="LoRA adapter on top of --model, to re-score with a partly trained model")
@@ -109,6 +117,15 @@ def _add_eval(sub) -> None:
     p.add_argument("--maj", type=int, default=0, metavar="K", help="also report maj@K with K sampled answers")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
+    p.add_argument(
+        "--harness",
+        metavar="TASK",
+        help="run lm-evaluation-harness's gsm8k or gsm8k_cot task instead of the kit's protocol "
+        "(pip install 'grpo-kit[harness]')",
+    )
+    p.add_argument(
+        "--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples"
+    )
     p.set_defaults(func=_handler("evaluate", "cli_eval"))
 
 

@@ -499,6 +499,10 @@ def cli_eval(args) -> int:
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
     dataset = load_eval_data(args.data, limit=args.limit, seed=args.seed)
+    if getattr(args, "harness", None):  # lm-evaluation-harness's protocol instead of the kit's
+        from grpo_kit.harness import cli_harness
+
+        return cli_harness(args, dataset)
     settings = run_prompt_settings(args.adapter)
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, maj_k=args.maj, seed=args.seed, **settings)
     print(f"evaluating {args.model}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "

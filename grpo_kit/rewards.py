@@ -9,7 +9,14 @@ whatever the text (empty, 100k characters, unbalanced tags, "nan", 10**400). TRL
   scoring, so a prefilled ``<think>`` counts as written.
 
 A completion is a plain string or a conversational list of messages (the text is the last message's ``content``).
-The chat format is ``<think> reasoning </think><answer> final number </answer>``; format tags are case-sensitive.
+The chat format is ``<think> reasoning </think><answer> final number </answer>``.
+
+Rewards that read the answer (``correctness``, ``integer``, ``answer_number``) follow ``grpo_kit.answers``: the last
+answer block wherever it is and however much text follows, tags in any case, a final block left open (a stripped
+``</answer>`` stop string) read to the end. Rewards that judge the format (``format``, ``strict_format``,
+``tag_count``, ``tag_progress``) check the tags exactly as the system prompt asks: lowercase, and ``</answer>``
+written, so a run that stops generation at ``</answer>`` gets no format credit for it (vLLM: keep it in the text
+with ``include_stop_str_in_output=True``).
 
 >>> good = "<think>\\n48 / 2 = 24, 48 + 24 = 72\\n</think>\\n<answer>\\n72\\n</answer>"
 >>> correctness_reward([good, "<answer>71</answer>"], answer=["72", "72"])
@@ -23,8 +30,8 @@ The chat format is ``<think> reasoning </think><answer> final number </answer>``
 Correctness compares numbers with ``grpo_kit.answers`` (exact decimal equality after reading "$1,000", "72 clips",
 "\\\\boxed{72}", "\\\\frac{3}{4}" ...). math-verify is deliberately not used here: GSM8K gold answers are plain
 numbers, and math-verify's sympy parsing is slow and needs ``signal.alarm`` timeouts that fail outside the main
-thread. Tag checks use ``str.find``/``str.count`` (linear time, no regex backtracking); answer extraction scans only
-the last ``answers.MAX_SCAN_CHARS`` characters.
+thread. Tag checks use ``str.find``/``str.count`` (linear time, no regex backtracking); answer extraction is linear
+in the text length too.
 """
 
 from __future__ import annotations
@@ -35,7 +42,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grpo_kit.answers import MAX_DIGITS, answers_match, extract_tagged_answer, normalize_number
+from grpo_kit.answers import (
+    MAX_DIGITS,
+    THOUSANDS_SEPARATORS,
+    answers_match,
+    extract_tagged_answer,
+    normalize_number,
+    strip_end_markers,
+)
 from grpo_kit.errors import GrpoKitError
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
@@ -52,12 +66,13 @@ TRAILING_PENALTY_CAP = 0.25
 #: A reward spec that reproduces the classic five GSM8K rewards, with the bugs fixed.
 DEFAULT_REWARD_SPEC = "correctness,integer,strict_format,format,tag_count"
 
-# End-of-sequence markers a decoded completion may still carry ("<|im_end|>", "<|eot_id|>", "</s>", "<eos>", ...).
-_EOS_AT_END = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|</s>|<eos>|<end_of_turn>|<end_of_text>)\Z")
-_MAX_EOS_STRIPS = 8
 # Literal start, then one whitespace run: each "</think>" is tried once, so the search is linear in the text length.
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
-_INTEGER = re.compile(r"[-\u2212]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)")
+_INTEGER = re.compile(
+    r"[-\u2212]?(?:[0-9]+|"
+    + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS)
+    + ")"
+)
 
 
 @dataclass(frozen=True)
@@ -131,13 +146,7 @@ def _texts(completions: Sequence[Any], prefill: Any = None) -> list[str]:
 
 def _strip_end(text: str) -> str:
     """``text`` without trailing whitespace and end-of-sequence markers."""
-    text = text.rstrip()
-    for _ in range(_MAX_EOS_STRIPS):
-        match = _EOS_AT_END.search(text[-64:])
-        if not match:
-            break
-        text = text[: len(text) - (match.end() - match.start())].rstrip()
-    return text
+    return strip_end_markers(text)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -208,10 +217,10 @@ def has_answer_after_think(text: str) -> bool:
 
 
 def is_integer_answer(answer: str | None) -> bool:
-    """The answer text is a bare integer: digits, optional minus, optional thousands commas, at most MAX_DIGITS.
+    """The answer text is a bare integer: digits, optional minus, optional thousands separators, at most MAX_DIGITS.
 
-    >>> [is_integer_answer(s) for s in ["72", "-7", "1,000", "3.5", "72 clips", "", None]]
-    [True, True, True, False, False, False, False]
+    >>> [is_integer_answer(s) for s in ["72", "-7", "1,000", "70 000", "3.5", "72 clips", "1,000 000", "", None]]
+    [True, True, True, True, False, False, False, False, False]
     """
     if not answer:
         return False

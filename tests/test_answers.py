@@ -31,11 +31,16 @@ def test_doctests_hold():
         ("<ANSWER>5</Answer>", "5"),
         ("<answer>\nmulti\nline\n</answer>", "multi\nline"),
         ("<answer></answer>", ""),
-        ("<answer>unfinished", None),
+        ("<answer>unfinished", "unfinished"),  # a stripped </answer> stop string: read to the end
+        ("<answer>7\n<|im_end|>", "7"),
+        ("<answer>7</answer> then <answer>8", "8"),
+        ("<answer>a<answer>b</answer>", "b"),
         ("no tags at all", None),
         ("", None),
-        ("</answer>7<answer>", None),
-        ("<answer>early</answer>" + "x" * (MAX_SCAN_CHARS + 10), None),  # only the tail is scanned
+        ("</answer>7<answer>", ""),
+        ("7</answer>", None),
+        ("<answer>early</answer>" + "x" * (MAX_SCAN_CHARS + 10), "early"),  # trailing text does not count
+        ("<answer>18</answer>" + "\nMore words, 19 of them." * 5_000, "18"),
         ("x" * 100_000 + "<answer>9</answer>", "9"),
     ],
 )
@@ -76,6 +81,8 @@ def test_extract_last_number(text, expected):
         ("1,000,000.00", "1000000"),
         ("-7", "-7"),
         ("\u22127", "-7"),
+        ("70 000", "70000"),
+        ("70,000", "70000"),
         ("= -7", "-7"),
         ("(-7)", "-7"),
         ("$-7", "-7"),
@@ -120,6 +127,143 @@ def test_extract_last_number(text, expected):
 )
 def test_normalize_number(text, expected):
     assert normalize_number(text) == expected
+
+
+# The five answer styles a model really writes that used to be misread, each with its gold (issue 14).
+MISSED_STYLES = {
+    "markdown bold": [
+        ("**694**", "694"),
+        ("\n**694**\n", "694"),
+        ("The answer is **694**.", "694"),
+        ("**$18**", "18"),
+        ("__18__", "18"),
+        ("**3/4**", "0.75"),
+    ],
+    "result then equation": [
+        ("460 (= 459 + 1)", "460"),
+        ("460 = 459 + 1", "460"),
+        ("$460 (= $459 + $1)", "460"),
+        ("**460** (459 + 1)", "460"),
+        ("460 [459 + 1]", "460"),
+    ],
+    "result then explanation": [
+        ("460, because the three parts add up", "460"),
+        ("460 because 3 parts of 153 and 1 more", "460"),
+        ("460 dollars, since 4 weeks at 115", "460"),
+        ("460. The 3 parts add up.", "460"),
+        ("460; the 3 parts add up", "460"),
+        ("460\n(3 parts)", "460"),
+        ("18, not 19", "18"),
+        ("75%, as 3 of 4 passed", "75"),
+    ],
+    "thousands grouped by spaces": [
+        ("70 000", "70000"),
+        ("70\u2009000", "70000"),
+        ("70\u202f000", "70000"),
+        ("70\u00a0000", "70000"),
+        ("$1 250 000.50", "1250000.5"),
+        ("-70 000", "-70000"),
+        ("70 000 apples", "70000"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("style", "text", "gold"), [(style, text, gold) for style, cases in MISSED_STYLES.items() for text, gold in cases]
+)
+def test_missed_answer_styles_are_read(style, text, gold):
+    assert normalize_number(text) == gold, style
+    assert answers_match(extract_tagged_answer(f"<think>x</think><answer>{text}</answer>"), gold), style
+
+
+@pytest.mark.parametrize("trailing", [4_000, 10_000, 100_000])
+def test_long_text_after_the_answer_block_does_not_hide_it(trailing):
+    text = "<think>9 + 9 = 18</think><answer>18</answer>" + ("I hope that helps. " * trailing)[:trailing]
+    assert extract_tagged_answer(text) == "18"
+    assert answers_match(extract_tagged_answer(text), "18")
+
+
+# Conventions decided in the module docstring, one table each.
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<ANSWER>18</ANSWER>", "18"),  # tags in any case
+        ("<Answer>18</Answer>", "18"),
+        ("<think>x</think><answer>18", "18"),  # stop string "</answer>" stripped by vLLM/TRL
+        ("<think>x</think><answer>\n18\n<|im_end|>", "18"),
+        ("<answer>17</answer><answer>18", "18"),  # the open block is the last one
+        ("<answer>18</answer><answer>", ""),
+    ],
+)
+def test_convention_tags(text, expected):
+    assert extract_tagged_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("75%", "75"),  # a percentage is its number
+        ("75 %", "75"),
+        ("0.75", "0.75"),
+        ("1.5e3", None),  # scientific notation is not read
+        ("7.5 x 10^3", None),
+        ("10**3", None),
+        ("10 ** 3", None),
+        ("seventy-two", None),  # number words are not read
+        ("eighteen", None),
+    ],
+)
+def test_convention_numbers(text, expected):
+    assert normalize_number(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "gold"),
+    [
+        ("75%", "0.75"),
+        ("0.75", "75"),
+        ("1.5e3", "1500"),
+        ("seventy-two", "72"),
+    ],
+)
+def test_conventions_never_credit_the_other_reading(text, gold):
+    assert not answers_match(text, gold)
+
+
+# No wrong answer is credited, however it is written.
+@pytest.mark.parametrize(
+    ("completion", "gold"),
+    [
+        ("<answer>-18</answer>", "18"),  # sign errors
+        ("<answer>18</answer>", "-18"),
+        ("<answer>\u221218</answer>", "18"),
+        ("<answer>18 or 19</answer>", "18"),  # two different numbers: ambiguous
+        ("<answer>18 or 19</answer>", "19"),
+        ("<answer>18 (or 19)</answer>", "18"),
+        ("<answer>either 18 or 19</answer>", "19"),
+        ("<answer>18</answer> wait, no: <answer>19</answer>", "18"),  # right first block, wrong last block
+        ("<think>9 + 9 = 18</think><answer>19</answer>", "18"),  # gold only in the reasoning
+        ("<think>9 + 9 = 18</think><answer>I am not sure</answer>", "18"),
+        ("<think>9 + 9 = 18</think>", "18"),
+        ("<answer>460, so the total is 920</answer>", "460"),  # a remark that concludes another number
+        ("<answer>460 - 1 = 459</answer>", "460"),
+        ("<answer>**18**</answer>", "180"),
+        ("<answer>18, 19</answer>", "18"),  # a list, not a result and a remark
+        ("<answer>18; 19</answer>", "18"),
+        ("<answer>18\n19</answer>", "18"),
+        ("<answer>1. 18</answer>", "1"),
+        ("<answer>12:30</answer>", "12"),
+        ("<answer>18 000</answer>", "18"),
+        ("<answer>1 800</answer>", "18"),
+    ],
+)
+def test_no_wrong_answer_is_credited(completion, gold):
+    assert not answers_match(extract_tagged_answer(completion), gold)
+
+
+@pytest.mark.parametrize("text", ["18 or 18.0", "$18 or 18 dollars"])
+def test_the_same_number_twice_is_not_ambiguous(text):
+    assert normalize_number(text) == "18"
 
 
 @pytest.mark.parametrize("value", [None, 72, 7.5, b"72", ["72"]])
@@ -169,6 +313,11 @@ def test_answers_match(predicted, gold, expected):
         "-" * 100_000,
         "1e" * 50_000,
         "9" * 100_000,
+        "</answer>" * 11_000,
+        "<answer>" + "18, because " * 8_000,
+        "1 " * 50_000,
+        "**" * 50_000,
+        "18 or " * 16_000,
     ],
 )
 def test_long_adversarial_input_is_fast(text):

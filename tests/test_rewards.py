@@ -77,7 +77,10 @@ def test_doctests_hold():
         ("<answer>72.5</answer>", "72", 0.0),
         ("<answer></answer>", "72", 0.0),
         ("<answer>seventy-two</answer>", "72", 0.0),
-        ("<answer>72", "72", 0.0),  # unclosed
+        ("<answer>72", "72", 2.0),  # left open: a stripped </answer> stop string
+        ("<answer>72<|im_end|>", "72", 2.0),
+        ("<answer>71</answer><answer>72", "72", 2.0),
+        ("<answer>72</answer><answer>71", "72", 0.0),
         ("72", "72", 0.0),  # untagged
         ("<think>72</think>", "72", 0.0),
         ("", "72", 0.0),
@@ -87,11 +90,47 @@ def test_doctests_hold():
         ("<answer>10**400</answer>", "400", 0.0),
         ("<answer>72</answer>", "", 0.0),
         ("<answer>72</answer>", None, 0.0),
-        ("<answer>72</answer>" + "x" * 5000, "72", 0.0),  # answers are read from the end only
+        ("<answer>72</answer>" + "x" * 5000, "72", 2.0),  # text after the block does not count
+        ("<think>48 + 24 = 72</think><answer>72</answer>" + " Let me check: 48 + 24 = 72." * 4_000, "72", 2.0),
+        ("<answer>\n**72**\n</answer>", "72", 2.0),
+        ("<answer>72 (= 48 + 24)</answer>", "72", 2.0),
+        ("<answer>72, because 48 + 24</answer>", "72", 2.0),
+        ("<answer>70 000</answer>", "70000", 2.0),
+        ("<answer>70\u202f000</answer>", "70000", 2.0),
+        ("<answer>72 or 73</answer>", "72", 0.0),
+        ("<answer>72 or 73</answer>", "73", 0.0),
     ],
 )
 def test_correctness(completion, answer, expected):
     assert run("correctness", completion, answer) == expected
+
+
+# How each reward treats the decided conventions (grpo_kit.answers docstring): rewards that read the answer accept
+# any tag case and a final block left open; format rewards check the tags as written.
+ANSWER_READERS = {"correctness": 2.0, "integer": 0.5, "answer_number": 0.5}
+FORMAT_JUDGES = ["format", "strict_format"]
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<THINK>\n48 + 24 = 72\n</THINK>\n<ANSWER>\n72\n</ANSWER>",  # uppercase tags
+        "<think>\n48 + 24 = 72\n</think>\n<answer>\n72",  # stopped at a stripped "</answer>" stop string
+        "<think>\n48 + 24 = 72\n</think>\n<answer>\n72\n<|im_end|>",
+    ],
+)
+def test_answer_readers_accept_what_format_rewards_refuse(completion):
+    for name, points in ANSWER_READERS.items():
+        assert run(name, completion) == points, name
+    for name in FORMAT_JUDGES:
+        assert run(name, completion) == 0.0, name
+    assert run("tag_count", completion) < run("tag_count", GOOD)
+
+
+def test_long_trailing_text_keeps_correctness_and_costs_format_points():
+    completion = GOOD + "\nTo double-check, 48 + 24 = 72 clips. " * 200
+    assert run("correctness", completion) == 2.0 and run("format", completion) == 0.5
+    assert run("strict_format", completion) == 0.0 and run("tag_count", completion) == 0.75
 
 
 def test_correctness_without_answer_column_scores_zero():
@@ -110,7 +149,7 @@ def test_correctness_accepts_numeric_gold():
         "<answer></answer>",
         "",
         "<answer>" + "9" * 500 + "</answer>",
-        "<answer>72",
+        "<answer>72 or 71</answer>",
         "<answer>nan</answer>",
     ],
 )
@@ -228,6 +267,10 @@ def test_tag_count(completion, expected):
         ("<answer>0</answer>", 0.5),
         ("<answer>1,000</answer>", 0.5),
         ("<answer>1,000,000</answer>", 0.5),
+        ("<answer>70 000</answer>", 0.5),
+        ("<answer>70\u2009000</answer>", 0.5),
+        ("<answer>70 0000</answer>", 0.0),
+        ("<answer>70,000 000</answer>", 0.0),
         ("<answer>3.5</answer>", 0.0),
         ("<answer>72.0</answer>", 0.0),
         ("<answer>72 clips</answer>", 0.0),

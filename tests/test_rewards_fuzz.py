@@ -156,14 +156,36 @@ def test_every_reward_is_total_on_generated_completions(batch, noise, gold, pref
 @settings(max_examples=300, deadline=None, database=None)
 @given(
     value=st.integers(min_value=-(10**9), max_value=10**9),
-    style=st.sampled_from(["{n}", "{n}.0", "${c}", "{c}", "{n} clips", "\\boxed{{{n}}}", "{u}"]),
+    style=st.sampled_from(
+        [
+            "{n}",
+            "{n}.0",
+            "${c}",
+            "{c}",
+            "{n} clips",
+            "\\boxed{{{n}}}",
+            "{u}",
+            "**{n}**",
+            "{s}",
+            "{t}",
+            "{n} (= {n} + 0)",
+            "{n}, because the parts add up",
+        ]
+    ),
     prefill=prefills,
 )
 def test_correct_answers_score_above_wrong_ones(value, style, prefill):
-    written = style.format(n=value, c=f"{value:,}", u=str(value).replace("-", "\u2212"))
+    grouped = f"{value:,}"
+    written = style.format(
+        n=value,
+        c=grouped,
+        u=str(value).replace("-", "\u2212"),
+        s=grouped.replace(",", " "),
+        t=grouped.replace(",", "\u202f"),
+    )
     if style.startswith("$") and value < 0:
         written = "-$" + f"{-value:,}"
-    text = f"<think>\nwork\n</think>\n<answer>\n{written}\n</answer>"
+    text = f"<think>\nwork\n</think>\n<answer>\n{written}\n</answer>" + "\nChecked: 1 + 2 = 3." * (value % 500)
     right = REWARDS["correctness"]([text], answer=[str(value)])
     wrong = REWARDS["correctness"]([text], answer=[str(value + 1)])
     assert right == [2.0] and wrong == [0.0]
@@ -203,6 +225,11 @@ LONG_INPUTS = {
     "eos markers": "<think>a</think><answer>7</answer>" + "<|im_end|>" * 10_000,
     "whitespace": " \n" * 50_000,
     "unicode": "\u2212\u0667\uff17\U0001f600" * 25_000,
+    "closing tags": "</answer>" * 11_000,
+    "answer left open": "<think>a</think><answer>" + "7, because " * 9_000,
+    "alternatives": "<answer>" + "18 or " * 16_000 + "</answer>",
+    "spaced digits": "<answer>" + "1 000 " * 16_000 + "</answer>",
+    "bold": "<answer>" + "**7** " * 16_000 + "</answer>",
 }
 
 
