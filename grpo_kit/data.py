@@ -405,13 +405,18 @@ def _jsonl_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
             yield where, ValueError(f"not valid JSON ({err.msg} at column {err.colno})")
 
 
-def _json_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
-    """A JSON array of objects (or ``{"data": [...]}``); a file that is really JSON lines is read as such."""
+def _decode_utf8(data: bytes, name: str, save_as: str) -> str:
+    """The file's text (a UTF-8 byte-order mark is dropped), or an error naming the first line that is not UTF-8."""
     try:
-        text = data.decode("utf-8-sig")
+        return data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as UTF-8.") from err
+        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as {save_as}.") from err
+
+
+def _json_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
+    """A JSON array of objects (or ``{"data": [...]}``); a file that is really JSON lines is read as such."""
+    text = _decode_utf8(data, name, "UTF-8")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as err:
@@ -435,11 +440,7 @@ def _csv_records(data: bytes, name: str) -> Iterator[tuple[str, Any]]:
     import csv
     import io
 
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as UTF-8 CSV.") from err
+    text = _decode_utf8(data, name, "UTF-8 CSV")
     reader = csv.DictReader(io.StringIO(text, newline=""))
     missing = [column for column in ("question", "answer") if column not in (reader.fieldnames or [])]
     if missing:

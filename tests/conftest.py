@@ -116,3 +116,15 @@ def _fake_checkpoint(run_dir, step: int, *, skip=(), state: bool = True):
 def fake_checkpoint():
     """``fake_checkpoint(run_dir, step, *, skip=(), state=True)``: a complete checkpoint folder without training."""
     return _fake_checkpoint
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Fail the test if any weights are loaded: these problems must be caught before."""
+    import grpo_kit.models as models
+
+    def refuse(*args, **kwargs):
+        pytest.fail("a model was loaded before the problem was reported")
+
+    monkeypatch.setattr(models, "load_model", refuse)
+    monkeypatch.setattr(models, "load_inference_model", refuse)

@@ -416,16 +416,6 @@ CASES = [
 # ------------------------------------------------------------------------------------------------ the test
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    import grpo_kit.models as models
-
-    def refuse(*args, **kwargs):
-        pytest.fail("a model was loaded before the problem was reported")
-
-    monkeypatch.setattr(models, "load_model", refuse)
-
-
 @pytest.fixture(scope="module")
 def processes():
     """PIDs of a live process and of one that has exited (for run-folder locks)."""

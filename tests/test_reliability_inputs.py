@@ -25,18 +25,6 @@ MAX_ERROR_LINES = 15
 TINY_SET = ["--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0"]
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Fail the test if any weights are loaded: these problems must be caught before."""
-    import grpo_kit.models as models
-
-    def refuse(*args, **kwargs):
-        pytest.fail("a model was loaded before the problem was reported")
-
-    monkeypatch.setattr(models, "load_model", refuse)
-    monkeypatch.setattr(models, "load_inference_model", refuse)
-
-
 def _cli_error(capsys, argv) -> str:
     """Run the CLI, expect exit status 2 and a short, traceback-free message on stderr; return it."""
     code = main(argv)

@@ -102,18 +102,6 @@ def test_json_safe_writes_null_for_non_finite():
 
 
 @pytest.fixture
-def no_model_load(monkeypatch):
-    """Fail the test if any weights are loaded: these problems must be caught before."""
-    import grpo_kit.models as models
-
-    def refuse(*args, **kwargs):
-        pytest.fail("a model was loaded before the problem was reported")
-
-    monkeypatch.setattr(models, "load_model", refuse)
-    monkeypatch.setattr(models, "load_inference_model", refuse)
-
-
-@pytest.fixture
 def fake_run(fake_checkpoint):
     """``fake_run(run_dir, steps)``: a finished run folder (run.json, metrics 1..steps, checkpoints, adapter/)."""
     import shutil
