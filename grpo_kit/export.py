@@ -367,7 +367,6 @@ def _load_tuned_cuda(base_model: str, adapter_dir: Path):  # pragma: no cover - 
     from transformers import AutoModelForCausalLM
 
     from grpo_kit.models import load_tokenizer
-
     from grpo_kit.runtime import half_dtype_name
 
     half = getattr(torch, half_dtype_name())

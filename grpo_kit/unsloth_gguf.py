@@ -86,11 +86,15 @@ def write_with_unsloth(adapter_dir: Path, out_dir: Path, gguf_type: str, *, echo
     command = child_command(adapter_dir, out_dir, gguf_type)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as child:
         assert child.stdout is not None
-        for raw in child.stdout:
-            line = raw.rstrip("\n")
-            tail.append(line)
-            if not line.startswith(RESULT_PREFIX):
-                echo(line)
+        try:
+            for raw in child.stdout:
+                line = raw.rstrip("\n")
+                tail.append(line)
+                if not line.startswith(RESULT_PREFIX):
+                    echo(line)
+        except BaseException:  # an interrupt (Ctrl-C, a notebook's stop button) must not leave the writer running
+            child.kill()
+            raise
     result = parse_result(list(tail))
     if child.returncode != 0 or result is None:
         output = "\n".join(tail)
