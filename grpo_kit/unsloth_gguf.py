@@ -162,7 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from grpo_kit.runtime import half_dtype_name
 
-    # Unsloth maps a *-bnb-4bit base to its 16-bit original when load_in_4bit=False, and merges in this dtype.
+    # The adapter's config names the 16-bit base the parent verifies against (export.adapter_on_base); Unsloth
+    # loads it unquantized in the GPU's 16-bit dtype and merges the LoRA in that dtype.
     dtype = getattr(torch, half_dtype_name())
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=args.adapter, load_in_4bit=False, dtype=dtype)
     result = model.save_pretrained_gguf(args.out, tokenizer, quantization_method=gguf_type) or {}

@@ -1,5 +1,5 @@
 """requirements-colab.txt, and each vLLM line the Colab install plan can choose, resolve on PyPI for a Colab GPU
-runtime (Linux x86_64, CPython 3.12, glibc 2.35).
+runtime (Linux x86_64, CPython 3.12 and 3.13, glibc 2.35).
 
 pip resolves for that target platform without installing anything (``--dry-run --only-binary=:all:``), given the
 platform tags pip itself would use on glibc 2.35 (``PLATFORMS``; ``test_platforms_are_the_ones_pip_uses`` derives
@@ -54,11 +54,11 @@ def _clean_pip_env() -> dict[str, str]:
     return env
 
 
-def _resolve(requirements: list[str], report: Path) -> dict[str, str]:
+def _resolve(requirements: list[str], report: Path, python: str = "3.12") -> dict[str, str]:
     """``{project: version}`` pip would install for Colab's platform, or an assertion with pip's error."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:"]
     command += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    command += ["--python-version", "3.12", "--implementation", "cp", "--quiet", "--report", str(report)]
+    command += ["--python-version", python, "--implementation", "cp", "--quiet", "--report", str(report)]
     command += requirements
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_clean_pip_env())
     assert result.returncode == 0, f"{requirements} does not resolve:\n{result.stderr[-4000:]}"
@@ -66,11 +66,11 @@ def _resolve(requirements: list[str], report: Path) -> dict[str, str]:
     return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in install}
 
 
-@pytest.fixture(scope="module")
-def resolved(tmp_path_factory) -> dict[str, str]:
+@pytest.fixture(scope="module", params=["3.12", "3.13"])  # Colab moved to 3.13 in 2026; 3.12 for other GPU hosts
+def resolved(request, tmp_path_factory) -> dict[str, str]:
     if not _pypi_reachable():
         pytest.skip(f"PyPI ({INDEX}) is not reachable")
-    return _resolve(["-r", str(REQUIREMENTS)], tmp_path_factory.mktemp("pip") / "report.json")
+    return _resolve(["-r", str(REQUIREMENTS)], tmp_path_factory.mktemp("pip") / "report.json", request.param)
 
 
 @pytest.mark.network
