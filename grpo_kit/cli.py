@@ -134,7 +134,8 @@ def _add_export(sub) -> None:
     p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the one recorded in the adapter)")
     p.add_argument("--format", default="lora", help="lora | merged16 | gguf (comma-separated for several)")
-    p.add_argument("--gguf-type", default="q8_0", help="GGUF tensor type: f16 or q8_0")
+    p.add_argument("--gguf-type", default="q8_0",
+                   help="GGUF type(s), comma-separated: f16, q8_0 (CPU writer); q4_k_m, q5_k_m (GPU, via Unsloth)")
     p.add_argument("--name", help="export folder name under --out-dir (default: from the adapter)")
     p.add_argument("--out-dir", default="exports", help="parent folder of exports")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")

@@ -31,8 +31,13 @@ GPU (UNTESTED ON CPU, marked below): the same code runs on CUDA. The merge is PE
 16-bit base (what Unsloth's ``save_pretrained_merged(..., "merged_16bit")`` does too, but verifiable here); a 4-bit
 Unsloth base (``*-bnb-4bit``) is swapped for its 16-bit original, since merging into 4-bit weights loses the
 LoRA's precision (Unsloth's "merged_4bit" is never used). GGUF for architectures the gguf-py writer does not
-cover (see ``grpo_kit.gguf_export``) goes through Unsloth's ``save_pretrained_gguf``, then the same verification.
-The base must fit in GPU memory in 16-bit to be verified (an 8B model needs ~17 GB: not a T4).
+cover (see ``grpo_kit.gguf_export``), and the k-quants (``q4_k_m``, ``q5_k_m``), go through Unsloth's
+``save_pretrained_gguf`` in a child process (``grpo_kit.unsloth_gguf``: Unsloth patches transformers process-wide,
+and the check must use plain transformers). It runs before the reference model is loaded, so the two never share
+GPU memory, in a hidden scratch folder next to the export; only the ``.gguf`` files it reports are moved into
+``gguf/``. Then the same verification: transformers' GGUF reader dequantizes the file (k-quants included) to float
+and its logits are compared; the limit is the larger of the GGUF type's and the 16-bit merge's
+(``gguf_tolerance_key``). The base must fit in GPU memory in 16-bit to be verified (an 8B model needs ~17 GB).
 """
 
 from __future__ import annotations
@@ -55,6 +60,10 @@ FORMATS = ("lora", "merged16", "gguf")
 #: (atol, rtol) for ``max |Δlogit| <= atol + rtol * max |tuned logit|``, per storage type. Measured on SmolLM2-135M
 #: (max logit 28-43): bf16 storage 0.21-0.27 (rtol 0.5-1 %), fp16 0.05 (0.2 %), GGUF f16 0.04-0.05 (0.1-0.2 %),
 #: GGUF q8_0 1.0-1.7 (2.4-6 %); a reloaded LoRA is bit-identical. The limits leave a 2.5-10x margin on those.
+#: The k-quants come only from Unsloth's llama.cpp (GPU) and were NOT measured: their limits come from the nearest types
+#: gguf-py can write on CPU, on the embedded model (itself dequantized from Q4_1): Q4_0 38 % and Q4_1 13 % of the max
+#: logit, Q5_0 16 %. llama.cpp's k-quants are more accurate than Q4_0/Q5_0 at the same width, so these are loose
+#: bounds that still catch a broken file (wrong tensor order gives errors of the logit scale itself).
 TOLERANCES = {
     "lora": (1e-4, 1e-5),
     "merged16:float32": (1e-4, 1e-5),
@@ -63,6 +72,8 @@ TOLERANCES = {
     "gguf:f32": (1e-4, 1e-4),
     "gguf:f16": (1e-3, 0.01),
     "gguf:q8_0": (1e-2, 0.15),
+    "gguf:q5_k_m": (1e-2, 0.3),
+    "gguf:q4_k_m": (1e-2, 0.5),
 }
 #: The closer-to-tuned-than-to-base check runs when mean |tuned - base| >= this x mean |export - tuned|.
 MIN_EFFECT_TO_NOISE = 0.25
@@ -479,43 +490,80 @@ def _write_gguf(merged, tokenizer, folder: Path, gguf_type: str, name: str) -> P
     return write_gguf(merged, tokenizer, folder / f"{name}-{gguf_type}.gguf", gguf_type, name=name)
 
 
-def _write_gguf_unsloth(adapter_dir: Path, folder: Path, gguf_type: str) -> Path:  # pragma: no cover - UNTESTED ON CPU
-    """GPU only, for architectures the CPU writer does not cover: Unsloth merges to 16-bit and runs llama.cpp."""
-    from unsloth import FastLanguageModel  # lazy: needs a GPU
+def adapter_on_base(adapter_dir: Path, base_path: str, folder: Path) -> Path:
+    """A copy of the adapter in ``folder`` whose ``adapter_config.json`` names ``base_path`` as its base.
 
-    model, tokenizer = FastLanguageModel.from_pretrained(model_name=str(adapter_dir), load_in_4bit=False)
-    model.save_pretrained_gguf(str(folder), tokenizer, quantization_method=gguf_type)
-    found = sorted(folder.rglob("*.gguf"))
-    if not found:
-        raise GrpoKitError(f"Unsloth's save_pretrained_gguf wrote no .gguf file into {folder} (llama.cpp build failed?).")
-    return found[-1]
+    Unsloth merges into the base the adapter config names; pointing it at the base the verification loads (the
+    16-bit original of a 4-bit training base, or ``--model``) makes both sides use the same weights.
+    """
+    folder.mkdir(parents=True)
+    for item in adapter_dir.iterdir():
+        if item.is_file():
+            shutil.copy2(item, folder / item.name)
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base_path
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
 
 
-def _verify_gguf(path: Path, reference: Reference, gguf_type: str) -> ExportResult:
+def _write_gguf_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_type: str, say) -> tuple[list[Path], str]:
+    """Run Unsloth's writer in a child process under ``scratch``: ``(gguf files, dtype it merged in)``.
+
+    The files stay in ``scratch`` (outside the staging folder) until ``move_gguf_files`` puts them in place.
+    """
+    from grpo_kit.unsloth_gguf import remove_writer_folders, write_with_unsloth
+
+    adapter = adapter_on_base(adapter_dir, base_path, scratch / f"adapter-{gguf_type}")
+    out = scratch / f"merged-{gguf_type}-{scratch.name}"  # unique name: the writer may relocate it (Kaggle)
+    files, result = write_with_unsloth(adapter, out, gguf_type, echo=say)
+    keep = scratch / f"gguf-{gguf_type}"
+    keep.mkdir()
+    moved = [Path(shutil.move(str(path), keep / path.name)) for path in files]
+    remove_writer_folders(result, out)  # the merged 16-bit checkpoint and llama.cpp leftovers (GBs)
+    return moved, str(result.get("dtype") or "float16")
+
+
+def _verify_gguf(path: Path, reference: Reference, gguf_type: str, merge_dtype: str = "float32") -> ExportResult:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **_reload_kwargs(reference)).eval()
     logits = model_logits(model, reference.prompts)
     _release(model)
-    return check_logits("gguf", f"gguf:{gguf_type}", logits, reference, path=path, detail=f"GGUF {gguf_type}")
+    detail = f"GGUF {gguf_type}" + (f", merged in {merge_dtype} by Unsloth" if merge_dtype != "float32" else "")
+    return check_logits("gguf", gguf_tolerance_key(gguf_type, merge_dtype), logits, reference, path=path, detail=detail)
 
 
-def gguf_route(config, tokenizer) -> str:
-    """``"cpu"`` when the gguf-py writer handles the model, ``"unsloth"`` on a GPU with Unsloth; else ``GrpoKitError``."""
+def gguf_route(base_path: str, tokenizer, gguf_types: Sequence[str]) -> str:
+    """``"cpu"`` when the gguf-py writer handles the model and every type, ``"unsloth"`` on a GPU with Unsloth
+    installed, else the CPU writer's ``GrpoKitError`` (it names the way out)."""
     import importlib.util
 
     import torch
+    from transformers import AutoConfig
 
-    from grpo_kit.gguf_export import check_supported, embedded_tokenizer_fields
+    from grpo_kit.gguf_export import check_gguf_type, check_supported, embedded_tokenizer_fields
 
     try:
-        check_supported(config)
+        for gguf_type in gguf_types:
+            check_gguf_type(gguf_type)
+        check_supported(AutoConfig.from_pretrained(base_path))
         embedded_tokenizer_fields(tokenizer)
         return "cpu"
     except GrpoKitError:
         if torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None:
             return "unsloth"
         raise
+
+
+def gguf_tolerance_key(gguf_type: str, merge_dtype: str = "float32") -> str:
+    """The ``TOLERANCES`` key a GGUF file is checked with: its type's, or the merge dtype's when that rounds more.
+
+    Unsloth merges in 16-bit before converting, so an ``f16`` file made from a bf16 merge carries bf16 rounding.
+
+    >>> gguf_tolerance_key("f16", "bfloat16"), gguf_tolerance_key("q8_0", "bfloat16"), gguf_tolerance_key("f16")
+    ('merged16:bfloat16', 'gguf:q8_0', 'gguf:f16')
+    """
+    return max((f"gguf:{gguf_type}", f"merged16:{merge_dtype}"), key=lambda key: TOLERANCES[key][1])
 
 
 def _write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
@@ -618,6 +666,27 @@ def push_folder(folder: Path, repo: str) -> str:
 # --------------------------------------------------------------------------------------------- export
 
 
+def parse_gguf_types(spec: str) -> list[str]:
+    """``"f16,q4_k_m"`` -> validated type names: the CPU writer's (``f32``, ``f16``, ``q8_0``) or the Unsloth route's.
+
+    Which writer makes them is decided later (``gguf_route``): the k-quants need a GPU with Unsloth.
+
+    >>> parse_gguf_types("F16, q4_k_m")
+    ['f16', 'q4_k_m']
+    """
+    from grpo_kit.gguf_export import GGUF_TYPES
+    from grpo_kit.unsloth_gguf import UNSLOTH_GGUF_TYPES
+
+    types = [t.strip().lower() for t in spec.split(",") if t.strip()]
+    unknown = [t for t in types if t not in GGUF_TYPES and t not in UNSLOTH_GGUF_TYPES]
+    if unknown:
+        raise GrpoKitError(
+            f"GGUF type(s) {unknown} not offered. The CPU writer makes {', '.join(GGUF_TYPES)} (llama models with the "
+            f"SmolLM2 tokenizer); on a GPU with Unsloth installed: {', '.join(UNSLOTH_GGUF_TYPES)}."
+        )
+    return types
+
+
 def export(
     adapter_dir: str | os.PathLike,
     formats: str | Sequence[str] = ("lora",),
@@ -637,10 +706,10 @@ def export(
     model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
-    from grpo_kit.gguf_export import check_gguf_type
     from grpo_kit.guards import check_adapter, dumps_finite, remove_stale_staging, staging_prefix
     from grpo_kit.model_card import render_model_card
-    from grpo_kit.models import EMBEDDED_ID, resolve_model_id
+    from grpo_kit.models import EMBEDDED_ID, load_tokenizer, resolve_model_id
+    from grpo_kit.unsloth_gguf import move_gguf_files
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
@@ -649,7 +718,7 @@ def export(
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
-    gguf_types = [check_gguf_type(t) for t in gguf_type.split(",") if t.strip()] if "gguf" in wanted else []
+    gguf_types = parse_gguf_types(gguf_type) if "gguf" in wanted else []
     name = safe_name(name) if name else default_name(adapter_dir)
     out_dir = Path(out_dir)
     target = out_dir / name
@@ -662,13 +731,22 @@ def export(
     base_path = resolve_model_id(base_model)
     check_writable(out_dir)  # before the minutes of loading and merging
 
-    model, tokenizer, reference = load_reference(base_path, adapter_dir)
-    route = gguf_route(model.get_base_model().config, tokenizer) if gguf_types else "cpu"
+    say = print_fn or (lambda line: None)
+    route = gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    staging = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
+    # Unsloth's writer runs first, while this process holds no model on the GPU, in its own scratch folder (it
+    # also writes a merged checkpoint and a sibling <dir>_gguf): only its .gguf files enter the staging folder.
+    scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir)) if route == "unsloth" else None
+    staging = None
     results: list[ExportResult] = []
     try:
+        unsloth_files = {}
+        if scratch is not None:
+            for kind in gguf_types:
+                unsloth_files[kind] = _write_gguf_unsloth(adapter_dir, base_path, scratch, kind, say)
+        model, tokenizer, reference = load_reference(base_path, adapter_dir)
+        staging = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
         if "lora" in wanted:
             _write_lora(adapter_dir, tokenizer, staging / "lora")
             results.append(_verify_lora(staging / "lora", base_path, reference))
@@ -676,12 +754,13 @@ def export(
             merged = merge_adapter(model)
             files = []
             for kind in gguf_types:
-                if route == "unsloth":
-                    path = _write_gguf_unsloth(adapter_dir, staging / "gguf", kind)
+                if kind in unsloth_files:
+                    found, merge_dtype = unsloth_files[kind]
+                    path = move_gguf_files(found, staging / "gguf", f"{name}-{kind}")[0]
                 else:
-                    path = _write_gguf(merged, tokenizer, staging / "gguf", kind, name)
+                    path, merge_dtype = _write_gguf(merged, tokenizer, staging / "gguf", kind, name), "float32"
                 files.append(path)
-                results.append(_verify_gguf(path, reference, kind))
+                results.append(_verify_gguf(path, reference, kind, merge_dtype))
             if files:
                 _write_modelfile(staging / "gguf", files, tokenizer)
             if "merged16" in wanted:
@@ -712,8 +791,9 @@ def export(
             "16-bit size while it is verified) or choose another --out-dir, then run the export again."
         ) from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    say = print_fn or (lambda line: None)
+        for folder in (staging, scratch):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
     for result in results:
         say(str(result))
         if result.note:

@@ -1,8 +1,10 @@
-"""requirements-colab.txt resolves on PyPI for a Colab GPU runtime (Linux x86_64, CPython 3.12).
+"""requirements-colab.txt, and each vLLM line the Colab install plan can choose, resolve on PyPI for a Colab GPU
+runtime (Linux x86_64, CPython 3.12 and 3.13, glibc 2.35).
 
-pip resolves for that target platform without installing anything (``--dry-run --only-binary=:all:``), so it
-runs on any machine with PyPI access; it is skipped when PyPI cannot be reached. It takes about two minutes
-(pip reads the metadata of ~230 wheels).
+pip resolves for that target platform without installing anything (``--dry-run --only-binary=:all:``), given the
+platform tags pip itself would use on glibc 2.35 (``PLATFORMS``; ``test_platforms_are_the_ones_pip_uses`` derives
+them from pip's own tag code). It runs on any machine with PyPI access and is skipped when PyPI cannot be reached.
+Each resolve takes about two minutes (pip reads the metadata of ~230 wheels).
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ import pytest
 
 REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-colab.txt"
 INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
-# Colab runs Ubuntu 22.04 (glibc 2.35): wheels tagged for any glibc up to that are installable there.
-PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(35, 16, -1)] + ["manylinux2014_x86_64"]
+GLIBC = (2, 35)  # Colab runs Ubuntu 22.04
+# What pip accepts on glibc 2.35 x86_64: manylinux_2_35 down to manylinux_2_5, the legacy aliases of 2_17/2_12/2_5,
+# and plain linux. Some wheels of this set exist only for old tags (nvidia-nccl-cu13: manylinux_2_18 only).
+LEGACY_ALIASES = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
+PLATFORMS = [tag for minor in range(GLIBC[1], 4, -1)
+             for tag in (f"manylinux_2_{minor}_x86_64", LEGACY_ALIASES.get(minor)) if tag] + ["linux_x86_64"]
 PINNED = {
     "torch": "2.11.0",
     "vllm": "0.26.0",
@@ -48,19 +54,23 @@ def _clean_pip_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture(scope="module")
-def resolved(tmp_path_factory) -> dict[str, str]:
-    if not _pypi_reachable():
-        pytest.skip(f"PyPI ({INDEX}) is not reachable")
-    report = tmp_path_factory.mktemp("pip") / "report.json"
+def _resolve(requirements: list[str], report: Path, python: str = "3.12") -> dict[str, str]:
+    """``{project: version}`` pip would install for Colab's platform, or an assertion with pip's error."""
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:"]
     command += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
-    command += ["--python-version", "3.12", "--implementation", "cp", "--quiet", "--report", str(report)]
-    command += ["-r", str(REQUIREMENTS)]
+    command += ["--python-version", python, "--implementation", "cp", "--quiet", "--report", str(report)]
+    command += requirements
     result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_clean_pip_env())
-    assert result.returncode == 0, f"requirements-colab.txt does not resolve:\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, f"{requirements} does not resolve:\n{result.stderr[-4000:]}"
     install = json.loads(report.read_text())["install"]
     return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in install}
+
+
+@pytest.fixture(scope="module", params=["3.12", "3.13"])  # Colab moved to 3.13 in 2026; 3.12 for other GPU hosts
+def resolved(request, tmp_path_factory) -> dict[str, str]:
+    if not _pypi_reachable():
+        pytest.skip(f"PyPI ({INDEX}) is not reachable")
+    return _resolve(["-r", str(REQUIREMENTS)], tmp_path_factory.mktemp("pip") / "report.json", request.param)
 
 
 @pytest.mark.network
@@ -80,3 +90,33 @@ def test_requirements_file_pins_what_vllm_pins():
     assert pins["unsloth"] == pins["unsloth_zoo"]
     header = REQUIREMENTS.read_text().split("\n\n", 1)[0]
     assert "restart" in header.lower() and "before" in header.lower()
+
+
+def test_platforms_are_the_ones_pip_uses(monkeypatch):
+    """PLATFORMS is exactly what pip's own tag code yields on x86_64 with glibc 2.35 (plus plain linux)."""
+    from pip._vendor.packaging import _manylinux
+
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("pip derives manylinux tags from the running interpreter's ELF header: needs Linux x86_64")
+    monkeypatch.setattr(_manylinux, "_get_glibc_version", lambda: GLIBC)
+    assert list(_manylinux.platform_tags(["x86_64"])) + ["linux_x86_64"] == PLATFORMS
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(
+    ("torch", "cuda", "vllm"),
+    [("2.11.0", "12.6", None), ("2.13.0", "13.0", "0.31.0")],
+    ids=["cuda12-no-vllm", "torch2.13-vllm0.31"],
+)
+def test_each_colab_plan_resolves(tmp_path, torch, cuda, vllm):
+    """The plans for the other runtimes (the file itself is the torch 2.11 + CUDA 13 one) resolve as well."""
+    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
+
+    if not _pypi_reachable():
+        pytest.skip(f"PyPI ({INDEX}) is not reachable")
+    plan = plan_install(Runtime(torch=torch, cuda=cuda, capability=(8, 0)), read_requirements(REQUIREMENTS), "repo")
+    assert plan.vllm == vllm
+    found = _resolve(list(plan.requirements), tmp_path / "report.json")
+    assert found["torch"] == torch and found.get("vllm") == vllm
+    for name in ("unsloth", "trl", "transformers", "peft", "bitsandbytes"):
+        assert found[name] == PINNED[name]

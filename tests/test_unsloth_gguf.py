@@ -1,0 +1,150 @@
+"""GGUF through Unsloth, run on CPU with a stand-in ``unsloth`` package (the real one needs a GPU).
+
+The stand-in behaves like Unsloth 2026.10.7's ``save_pretrained_gguf`` where the kit depends on it: it writes a
+merged checkpoint into ``save_directory``, the ``.gguf`` (a real one, made with the kit's CPU writer so the
+verification has something true to check) plus a Modelfile into the sibling ``<save_directory>_gguf``, and
+returns ``{"gguf_files": [...]}``. It lives only on the child process's PYTHONPATH, so an export that imported
+Unsloth in its own process would fail here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+import grpo_kit.export as export_module
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.export import export, parse_gguf_types
+from grpo_kit.unsloth_gguf import move_gguf_files
+
+REPO = Path(__file__).resolve().parents[1]
+
+FAKE_UNSLOTH = '''
+import json, os
+from pathlib import Path
+
+
+def _log(record):
+    with open(os.environ["FAKE_UNSLOTH_LOG"], "a") as handle:
+        handle.write(json.dumps(record) + "\\n")
+
+
+class _Merged:
+    def __init__(self, model):
+        self.model = model
+
+    def save_pretrained_gguf(self, save_directory, tokenizer, quantization_method="fast_quantized"):
+        _log({"save_directory": str(save_directory), "quantization_method": quantization_method})
+        if os.environ.get("FAKE_UNSLOTH_CRASH"):
+            raise RuntimeError("Unsloth: GGUF conversion failed: llama-quantize is missing")
+        save = Path(save_directory)
+        save.mkdir(parents=True)
+        (save / "model.safetensors").write_bytes(b"stand-in for the merged 16-bit checkpoint")
+        gguf_dir = Path(f"{save_directory}_gguf")
+        gguf_dir.mkdir()
+        (gguf_dir / "Modelfile").write_text("FROM ./model.gguf\\n")
+        files = []
+        if not os.environ.get("FAKE_UNSLOTH_NO_FILES"):
+            from grpo_kit.gguf_export import write_gguf
+
+            path = gguf_dir / f"{save.name}.{quantization_method.upper()}.gguf"
+            files.append(str(write_gguf(self.model, tokenizer, path, quantization_method)))
+        return {"save_directory": str(save), "gguf_directory": str(gguf_dir), "gguf_files": files}
+
+
+class FastLanguageModel:
+    @staticmethod
+    def from_pretrained(model_name, load_in_4bit=True, dtype=None):
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        base = json.loads((Path(model_name) / "adapter_config.json").read_text())["base_model_name_or_path"]
+        _log({"model_name": model_name, "load_in_4bit": load_in_4bit, "dtype": str(dtype), "base": base})
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), model_name).merge_and_unload()
+        return _Merged(model), AutoTokenizer.from_pretrained(model_name)
+'''
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tiny_model_dir, make_adapter):
+    return make_adapter(tiny_model_dir, tmp_path_factory.mktemp("run") / "adapter")
+
+
+@pytest.fixture
+def fake_unsloth(tmp_path, monkeypatch):
+    """Route GGUF to Unsloth and put the stand-in on the child's PYTHONPATH; returns the call log reader."""
+    package = tmp_path / "fake" / "unsloth"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(FAKE_UNSLOTH)
+    log = tmp_path / "unsloth-calls.jsonl"
+    monkeypatch.setenv("FAKE_UNSLOTH_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setattr(export_module, "gguf_route", lambda *args: "unsloth")
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_unsloth_gguf_is_taken_from_the_returned_paths_and_verified(adapter, tiny_model_dir, tmp_path, fake_unsloth):
+    out = tmp_path / "exports"
+    results = export(adapter, ("gguf",), base_model=str(tiny_model_dir), out_dir=out, name="u", gguf_type="q8_0")
+
+    target = out / "u"
+    assert [r.format for r in results] == ["gguf"]
+    assert results[0].path == target / "gguf" / "u-q8_0.gguf" and results[0].path.is_file()
+    assert results[0].max_abs_diff <= results[0].tolerance
+    # Only the .gguf was taken: not the writer's Modelfile nor its merged checkpoint; no scratch folder is left.
+    assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "u-q8_0.gguf"]
+    assert (target / "gguf" / "Modelfile").read_text().startswith("FROM ./u-q8_0.gguf")
+    assert sorted(p.name for p in out.iterdir()) == ["u"]
+    load, save = fake_unsloth()
+    assert load["load_in_4bit"] is False and load["base"] == str(tiny_model_dir)
+    assert save["quantization_method"] == "q8_0"
+    assert ".u.partial-" in save["save_directory"] and not Path(save["save_directory"]).exists()
+    assert "unsloth" not in sys.modules  # the verification ran on plain transformers
+
+
+def test_unsloth_writing_no_file_fails_clearly_and_leaves_nothing(adapter, tiny_model_dir, tmp_path, fake_unsloth,
+                                                                  monkeypatch):
+    monkeypatch.setenv("FAKE_UNSLOTH_NO_FILES", "1")
+    out = tmp_path / "exports"
+    with pytest.raises(GrpoKitError, match="returned no .gguf file.*llama.cpp.*--format merged16"):
+        export(adapter, ("lora", "gguf"), base_model=str(tiny_model_dir), out_dir=out, name="u", gguf_type="f16")
+    assert list(out.iterdir()) == []
+
+
+def test_unsloth_crash_reports_its_last_output(adapter, tiny_model_dir, tmp_path, fake_unsloth, monkeypatch):
+    monkeypatch.setenv("FAKE_UNSLOTH_CRASH", "1")
+    out = tmp_path / "exports"
+    with pytest.raises(GrpoKitError, match=r"(?s)exit code 1.*llama-quantize is missing.*build"):
+        export(adapter, ("gguf",), base_model=str(tiny_model_dir), out_dir=out, name="u", gguf_type="q4_k_m")
+    assert list(out.iterdir()) == []
+
+
+def test_k_quants_are_accepted_and_routed_to_unsloth_only(adapter, tiny_model_dir, tmp_path, monkeypatch):
+    assert parse_gguf_types("F16, q4_k_m") == ["f16", "q4_k_m"]
+    with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
+        parse_gguf_types("q3_k_s")
+    from grpo_kit.models import load_tokenizer
+
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    assert export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
+    with pytest.raises(GrpoKitError, match="k-quants"):  # no GPU here: the CPU writer's message names the way out
+        export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
+    import importlib.util
+
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
+    assert export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
+
+
+def test_several_files_keep_their_names(tmp_path):
+    shards = [tmp_path / "m-00001-of-00002.gguf", tmp_path / "m-00002-of-00002.gguf"]
+    for shard in shards:
+        shard.write_bytes(b"GGUF")
+    moved = move_gguf_files(shards, tmp_path / "gguf", "name-q8_0")
+    assert [p.name for p in moved] == [s.name for s in shards] and all(p.is_file() for p in moved)
