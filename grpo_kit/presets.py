@@ -337,6 +337,29 @@ CPU = Preset(
     seed=3407,
 )
 
+# The CPU recipe in which correctness carries the signal: same model, prompt and LoRA as ``cpu``, but trained on
+# one-step arithmetic (``--data arithmetic-1step``), where the model is right about a quarter of the time, so a group
+# of 8 samples usually holds both right and wrong answers. The format comes from the prompt (98 % in format before
+# training), so the reward is correctness alone. Measured in benchmarks/bench_cpu_answers.py (README, demo section).
+CPU_ANSWERS = dataclasses.replace(
+    CPU,
+    name="cpu-answers",
+    description=(
+        "The CPU recipe that teaches answers, not only the format: the cpu preset's model, LoRA and prompt (three "
+        "worked examples, answer prefilled with '<think>\\n'), trained on one-step synthetic arithmetic "
+        "(--data arithmetic-1step), problems at the edge of what the 135M model gets right. The prompt alone "
+        "already gives the format, so the reward is correctness. 4 questions x G=8 per step (batch 8 x "
+        "accumulation 4) average out the noise of one question per step; 40 new tokens fit the one-line answers "
+        "(about 30 tokens)."
+    ),
+    max_completion_length=40,
+    gradient_accumulation_steps=4,
+    learning_rate=5e-4,
+    max_steps=6,
+    save_steps=3,
+    rewards=(("correctness", 1.0),),
+)
+
 T4 = Preset(
     name="t4-16gb",
     vram_gb=14.7,
@@ -442,7 +465,7 @@ A100_80 = dataclasses.replace(
 )
 
 #: name → preset, smallest tier first (``auto_preset`` relies on this order).
-PRESETS: dict[str, Preset] = {p.name: p for p in (CPU, T4, L4, A100_40, A100_80)}
+PRESETS: dict[str, Preset] = {p.name: p for p in (CPU, CPU_ANSWERS, T4, L4, A100_40, A100_80)}
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Preset))
 
 
