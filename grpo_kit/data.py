@@ -323,8 +323,8 @@ def _file_records(path: Path) -> tuple[str, Iterator[tuple[str, Any]]]:
     suffix = path.suffix.lower()
     if not path.is_file():
         raise GrpoKitError(
-            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic' "
-            f"(synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
+            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic', "
+            f"'arithmetic-1step', 'arithmetic-2step' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
         )
     if suffix not in LOCAL_FORMATS:
         raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
