@@ -175,3 +175,18 @@ def test_verdict_needs_the_gain_the_interval_and_the_time(bench):
     assert "NOT met" in bench.verdict(big, seconds=1200)
     small = paired_difference([False] * 100, [True] * 5 + [False] * 95)
     assert "NOT met" in bench.verdict(small, seconds=600)
+
+
+def test_time_budget_stops_before_a_step_that_would_overrun(bench):
+    from types import SimpleNamespace
+
+    ticks = iter([0.0, 100.0, 200.0, 300.0])
+    budget = bench.time_budget(350, clock=lambda: next(ticks))
+    control = SimpleNamespace(should_training_stop=False)
+    budget.on_train_begin(None, None, control)
+    budget.on_step_end(None, SimpleNamespace(global_step=1), control)  # 100 s done, 200 s after the next: go on
+    assert not control.should_training_stop
+    budget.on_step_end(None, SimpleNamespace(global_step=2), control)  # 200 s done, the next ends at 300: go on
+    assert not control.should_training_stop
+    budget.on_step_end(None, SimpleNamespace(global_step=3), control)  # 300 s done, the next would end at 400
+    assert control.should_training_stop
