@@ -122,7 +122,6 @@ def main(argv=None) -> int:
 
     from grpo_kit.data import load_gsm8k
     from grpo_kit.evaluate import evaluate_before_after
-    from grpo_kit.models import EMBEDDED_ID
     from grpo_kit.presets import get_preset
     from grpo_kit.stats import paired_difference
     from grpo_kit.train import parse_overrides, train
@@ -134,7 +133,7 @@ def main(argv=None) -> int:
                    callbacks=(time_budget(60 * args.minutes),))
     started = time.time()
     base, tuned = evaluate_before_after(
-        EMBEDDED_ID, result.adapter_dir, held_out, max_new_tokens=preset.max_completion_length, batch_size=16,
+        preset.model, result.adapter_dir, held_out, max_new_tokens=preset.max_completion_length, batch_size=16,
         few_shot=preset.few_shot, prefill=preset.prefill, seed=preset.seed, progress=False,
     )
     eval_seconds = time.time() - started
