@@ -48,6 +48,7 @@ __all__ = [
     "format_for_grpo",
     "load_gsm8k",
     "load_gsm8k_report",
+    "arithmetic_key",
     "make_arithmetic_dataset",
     "render_prompt",
 ]
@@ -90,6 +91,10 @@ LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
 MAX_REASONS = 5
 #: Sizes of the synthetic arithmetic splits that ``load_gsm8k("arithmetic", split)`` generates.
 ARITHMETIC_SIZES = {"train": 256, "test": 64}
+#: Source names of the synthetic arithmetic sets → ``steps`` of ``make_arithmetic_dataset`` (the difficulty).
+ARITHMETIC_SOURCES = {"arithmetic": None, "arithmetic-1step": 1, "arithmetic-2step": 2}
+#: Test size of the one-kind sets: enough held-out questions for a 95 % interval of about +-8 points.
+ARITHMETIC_KIND_TEST_SIZE = 200
 
 # Exactly one number: optional sign and/or dollar sign, thousands commas, decimals ("-$1,200.50", "$-5", ".5").
 _PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)\s*")
@@ -285,10 +290,11 @@ def _records(source: str, split: str) -> tuple[str, Iterator[tuple[str, Any]]]:
         name = SAMPLE_FILES[split]
         text = resources.files("grpo_kit").joinpath("resources", name).read_bytes()
         return f"bundled sample {name}", _jsonl_records(text, name)
-    if source == "arithmetic":
+    if source in ARITHMETIC_SOURCES:
         if split not in ARITHMETIC_SIZES:
-            raise GrpoKitError(f"The arithmetic set has splits 'train' and 'test', not {split!r}.")
-        return f"synthetic arithmetic (not GSM8K, split {split!r})", _arithmetic_records(split)
+            raise GrpoKitError(f"The {source} set has splits 'train' and 'test', not {split!r}.")
+        steps = ARITHMETIC_SOURCES[source]
+        return f"synthetic {source} (not GSM8K, split {split!r})", _arithmetic_records(split, steps)
     return _file_records(Path(source))
 
 
@@ -348,10 +354,14 @@ def _hub_records(split: str) -> Iterator[tuple[str, Any]]:
         yield f"row {index}", row
 
 
-def _arithmetic_records(split: str) -> Iterator[tuple[str, Any]]:
-    """Train: 256 problems from seed 0. Test: 64 problems from seed 1 that are not in the train split."""
-    rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0).to_list()
-    if split == "test":
+def _arithmetic_records(split: str, steps: int | None = None) -> Iterator[tuple[str, Any]]:
+    """Train: 256 problems from seed 0. Test: problems from seed 1 that are not in the train split: for the mix, 64
+    whose question differs; for one kind (``steps``), ``ARITHMETIC_KIND_TEST_SIZE`` whose calculations differ too."""
+    rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0, steps=steps).to_list()
+    if split == "test" and steps is not None:
+        seen = [row["solution"] for row in rows]
+        rows = make_arithmetic_dataset(ARITHMETIC_KIND_TEST_SIZE, seed=1, steps=steps, exclude=seen).to_list()
+    elif split == "test":
         seen = {row["question"] for row in rows}
         fresh = make_arithmetic_dataset(ARITHMETIC_SIZES["test"] * 2, seed=1).to_list()
         rows = [row for row in fresh if row["question"] not in seen][: ARITHMETIC_SIZES["test"]]
@@ -371,8 +381,8 @@ def _file_records(path: Path) -> tuple[str, Iterator[tuple[str, Any]]]:
         )
     if not path.is_file():
         raise GrpoKitError(
-            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic' "
-            f"(synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
+            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic', "
+            f"'arithmetic-1step', 'arithmetic-2step' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
         )
     if suffix not in LOCAL_FORMATS:
         raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
@@ -590,29 +600,56 @@ def _two_step(rng: random.Random) -> tuple[str, list[str], int]:
     )
 
 
-def make_arithmetic_dataset(n: int = 64, seed: int = 0):
+#: ``steps`` values of ``make_arithmetic_dataset``: the difficulty knob. Measured on the embedded SmolLM2-135M with the
+#: ``cpu`` prompt (greedy, n=120 of the mix): one-step problems are answered right about a third of the time,
+#: two-step ones almost never (it stops after the first operation).
+ARITHMETIC_STEPS = {None: "one- and two-step problems, half each", 1: "one-step problems only", 2: "two-step only"}
+
+
+def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, steps: int | None = None, exclude=()):
     """SYNTHETIC, NOT GSM8K: ``n`` short one- or two-step word problems with small integers, in GSM8K format.
 
     An easier warm-up set for small models. Deterministic for a ``seed``; questions are distinct. Columns as
     ``load_gsm8k``: ``question``, ``answer`` (canonical), ``solution`` (steps with ``<<a*b=c>>`` and ``#### N``).
+    ``steps`` (``ARITHMETIC_STEPS``) sets the difficulty: ``None`` mixes one- and two-step problems, ``1`` or ``2``
+    keeps one kind. ``exclude``: solutions (or ``arithmetic_key`` values) whose calculations must not come back, so a
+    held-out split never repeats a training calculation under another name.
 
     >>> ds = make_arithmetic_dataset(3, seed=0)
     >>> len(ds), ds[0]["solution"].endswith("#### " + ds[0]["answer"])
     (3, True)
+    >>> all("\\n" not in s.split("####")[0].strip() for s in make_arithmetic_dataset(5, steps=1)["solution"])
+    True
     """
     if n < 1:
         raise GrpoKitError(f"make_arithmetic_dataset needs n >= 1, got {n}.")
+    if steps not in ARITHMETIC_STEPS:
+        raise GrpoKitError(f"steps must be one of {list(ARITHMETIC_STEPS)} ({ARITHMETIC_STEPS}), got {steps!r}.")
+    banned = {arithmetic_key(item) for item in exclude}
     rng = random.Random(seed)
     rows: dict[str, dict] = {}
     for _ in range(n * 50):
         if len(rows) == n:
             break
-        question, lines, result = (_one_step if rng.random() < 0.5 else _two_step)(rng)
+        one_step = rng.random() < 0.5 if steps is None else steps == 1
+        question, lines, result = (_one_step if one_step else _two_step)(rng)
         solution = "\n".join([*lines, f"#### {result}"])
+        if banned and arithmetic_key(solution) in banned:
+            continue
         rows.setdefault(question, {"question": question, "answer": str(result), "solution": solution})
     if len(rows) < n:
         raise GrpoKitError(f"Could only generate {len(rows)} distinct arithmetic problems; ask for n <= {len(rows)}.")
-    return _to_dataset(list(rows.values()), f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}")
+    label = f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}" + (f", {steps}-step" if steps else "")
+    return _to_dataset(list(rows.values()), label)
+
+
+def arithmetic_key(solution: str) -> str:
+    """The calculations of a synthetic solution (its ``<<...>>`` annotations): equal keys = the same arithmetic.
+
+    >>> arithmetic_key("Ava has 3 + 4 = <<3+4=7>>7 apples.\\n#### 7")
+    '3+4=7'
+    """
+    return ";".join(re.findall(r"<<(.*?)>>", solution)) or solution
 
 
 # ---------------------------------------------------------------------------------------------------------- prompts

@@ -369,6 +369,33 @@ CPU = Preset(
     seed=3407,
 )
 
+# The CPU recipe in which correctness carries the signal: same model, prompt and LoRA as ``cpu``, but trained on
+# one-step arithmetic (``--data arithmetic-1step``), which the model gets right about a quarter of the time (greedy),
+# so a group of 8 samples often holds both right and wrong answers. The format comes from the prompt (98 % in format
+# before training), so the reward is correctness alone. Measured in benchmarks/bench_cpu_answers.py (README, demo).
+CPU_ANSWERS = dataclasses.replace(
+    CPU,
+    name="cpu-answers",
+    description=(
+        "The CPU recipe that teaches answers, not only the format: the cpu preset's model, LoRA and prompt (three "
+        "worked examples, answer prefilled with '<think>\\n'), trained on one-step synthetic arithmetic "
+        "(--data arithmetic-1step), problems at the edge of what the 135M model gets right (greedy: 23 % of 100 "
+        "held-out ones). The prompt alone already gives the format, so the reward is correctness. Temperature 0.7, "
+        "not 1.0: at 1.0 only 1 of 32 samples per step was right and 60 % ran past the budget (measured), so most "
+        "groups scored all-zero and taught nothing. 4 questions x G=8 per step (batch 8 x accumulation 4) average "
+        "out the noise of one question per step; lr 1e-3 (twice the cpu preset's) because there are only about ten "
+        "steps; 40 new tokens fit the one-line answers (about 30 tokens). Measured: 5 steps took held-out strict "
+        "accuracy from 23 % to 38 % (n=100, paired 95 % interval +4.9 to +24.7 points)."
+    ),
+    max_completion_length=40,
+    gradient_accumulation_steps=4,
+    learning_rate=1e-3,
+    temperature=0.7,
+    max_steps=10,
+    save_steps=5,
+    rewards=(("correctness", 1.0),),
+)
+
 T4 = Preset(
     name="t4-16gb",
     vram_gb=14.7,
@@ -474,7 +501,7 @@ A100_80 = dataclasses.replace(
 )
 
 #: name → preset, smallest tier first (``auto_preset`` relies on this order).
-PRESETS: dict[str, Preset] = {p.name: p for p in (CPU, T4, L4, A100_40, A100_80)}
+PRESETS: dict[str, Preset] = {p.name: p for p in (CPU, CPU_ANSWERS, T4, L4, A100_40, A100_80)}
 FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(Preset))
 
 
