@@ -122,18 +122,18 @@ def main(argv=None) -> int:
 
     from grpo_kit.data import load_gsm8k
     from grpo_kit.evaluate import evaluate_before_after
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe, parse_set
     from grpo_kit.stats import paired_difference
-    from grpo_kit.train import parse_overrides, train
+    from grpo_kit.train import train
 
-    preset = get_preset("cpu-answers", **parse_overrides(args.set))
+    preset = load_recipe("cpu-answers", **parse_set(args.set))
     out = Path(args.out or Path("runs") / f"bench-cpu-answers-{time.strftime('%Y%m%d-%H%M%S')}")
     held_out = load_gsm8k("arithmetic-1step", "test", limit=args.questions, seed=0)
-    result = train(preset, data="arithmetic-1step", max_steps=args.steps, output_dir=out,
+    result = train(preset, data="arithmetic-1step", overrides={"max_steps": args.steps} if args.steps else None, output_dir=out,
                    callbacks=(time_budget(60 * args.minutes),))
     started = time.time()
     base, tuned = evaluate_before_after(
-        preset.model, result.adapter_dir, held_out, max_new_tokens=preset.max_completion_length, batch_size=16,
+        preset.model_id, result.adapter_dir, held_out, max_new_tokens=preset.max_completion_length, batch_size=16,
         few_shot=preset.few_shot, prefill=preset.prefill, seed=preset.seed, progress=False,
     )
     eval_seconds = time.time() - started

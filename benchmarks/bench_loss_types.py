@@ -19,10 +19,11 @@ from pathlib import Path
 
 
 def run_variant(name: str, steps: int, workdir: Path) -> list[dict]:
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import LOSS_VARIANTS, load_recipe
     from grpo_kit.train import train
 
-    preset = get_preset("cpu", loss_type=name, max_steps=steps, save_steps=steps)
+    fields = LOSS_VARIANTS[name][0] if name in LOSS_VARIANTS else {"loss_type": name}  # a variant is --set keys
+    preset = load_recipe("cpu", fields, max_steps=steps, save_steps=steps)
     return train(preset, data="sample", output_dir=workdir / name).history
 
 
@@ -31,7 +32,7 @@ def mean(values: list[float]) -> float:
 
 
 def main() -> None:
-    from grpo_kit.presets import LOSS_VARIANTS
+    from grpo_kit.recipes import LOSS_VARIANTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant")

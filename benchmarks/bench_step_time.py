@@ -67,34 +67,11 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
         prefill=preset.prefill,
         max_prompt_tokens=preset.max_prompt_length,
     )
-    funcs, weights, _ = parse_reward_spec([f"{n}:{w}" for n, w in preset.rewards])
-    config = GRPOConfig(
-        output_dir=str(workdir / f"plain-{time.time_ns()}"),
-        use_cpu=True,
-        bf16=False,
-        gradient_checkpointing=False,
-        learning_rate=preset.learning_rate,
-        lr_scheduler_type=preset.lr_scheduler_type,
-        warmup_steps=preset.warmup_steps,
-        weight_decay=preset.weight_decay,
-        max_grad_norm=preset.max_grad_norm,
-        optim=preset.optim,
-        num_generations=preset.num_generations,
-        per_device_train_batch_size=preset.per_device_train_batch_size,
-        gradient_accumulation_steps=preset.gradient_accumulation_steps,
-        max_completion_length=preset.max_completion_length,
-        temperature=preset.temperature,
-        beta=preset.beta,
-        loss_type=preset.loss_type,
-        scale_rewards=preset.scale_rewards,
-        mask_truncated_completions=preset.mask_truncated_completions,
-        max_steps=preset.max_steps,
-        save_steps=preset.save_steps,
-        logging_steps=preset.logging_steps,
-        seed=preset.seed,
-        reward_weights=weights,
-        report_to="none",
-    )
+    funcs, weights, _ = parse_reward_spec(list(preset.rewards))
+    # The recipe's grpo section is GRPOConfig's own fields: the plain script passes it as the kit does.
+    config = GRPOConfig(**{**preset.grpo, "output_dir": str(workdir / f"plain-{time.time_ns()}"), "use_cpu": True,
+                           "bf16": False, "gradient_checkpointing": False, "reward_weights": weights,
+                           "report_to": "none"})
     lora = LoraConfig(
         r=preset.lora_rank,
         lora_alpha=preset.lora_alpha,
@@ -146,14 +123,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
 
-    import dataclasses
 
     import torch
 
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
 
     torch.set_num_threads(args.threads)
-    preset = dataclasses.replace(get_preset("cpu"), max_steps=args.steps, save_steps=10_000)
+    preset = load_recipe("cpu").with_overrides(max_steps=args.steps, save_steps=10_000)
     times: dict[str, list[float]] = {"kit": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

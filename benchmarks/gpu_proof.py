@@ -163,13 +163,13 @@ def plan_runs(tiers=TIERS, archs=tuple(ARCHS), *, skip_plain: bool = False, expo
 def proof_preset(run: Run, model_dir: str, steps: int, *, card_bf16: bool = True):
     """The tier's preset for this run: the local model, vLLM off, ``steps`` steps, the run's backend.
 
-    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_preset`` does for such a card).
+    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_recipe`` does for such a card).
     """
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
 
-    tier = get_preset(run.tier)
+    tier = load_recipe(run.tier)
     precision = tier.precision if card_bf16 or tier.precision != "bf16" else "fp16"
-    return get_preset(
+    return load_recipe(
         run.tier,
         model=model_dir,
         use_vllm=False,
@@ -208,12 +208,12 @@ def build_config(arch: str, tokenizer=None):
 def planner_figures(run: Run, steps: int) -> dict:
     """The planner's estimate for the run as configured (vLLM off) and for the tier as shipped (vLLM on), GiB."""
     from grpo_kit.planner import ModelShape, estimate_vram
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
 
     shape = dataclasses.replace(ModelShape.from_config(ARCHS[run.arch]), name=run.arch)
     preset = proof_preset(run, run.arch, steps)
     as_run = estimate_vram(preset, shape)
-    shipped = estimate_vram(get_preset(run.tier), shape)
+    shipped = estimate_vram(load_recipe(run.tier), shape)
     return {
         "plan_gib": round(as_run.total_gib, 2),
         "plan_weights_gib": round(as_run.weights_gib, 2),
@@ -226,7 +226,7 @@ def planner_figures(run: Run, steps: int) -> dict:
 def describe_plan(runs: list[Run], steps: int) -> dict:
     """The plan as data: runs with batch shape, cap and planner figures; shapes with parameter counts."""
     from grpo_kit import planner
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
 
     archs = sorted({r.arch for r in runs}, key=list(ARCHS).index)
     shapes = {}
@@ -235,7 +235,7 @@ def describe_plan(runs: list[Run], steps: int) -> dict:
         shapes[arch] = {"params": shape_params(arch), "published_params": published, "config": ARCHS[arch]}
     rows = []
     for run in runs:
-        tier = get_preset(run.tier)
+        tier = load_recipe(run.tier)
         preset = proof_preset(run, run.arch, steps)
         rows.append(
             {
@@ -528,10 +528,10 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
     out = Path(spec["out"]) / "runs" / run.name
     result = train(
         preset,
-        dataset=full_length_dataset(preset, load_tokenizer(preset.model)),
-        max_steps=steps,
+        dataset=full_length_dataset(preset, load_tokenizer(preset.model_id)),
         output_dir=out,
         overrides={
+            "max_steps": steps,
             # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
             "generation_kwargs": {"min_new_tokens": preset.max_completion_length},
             "save_strategy": "no",
@@ -558,7 +558,7 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
 
         gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
         torch.cuda.empty_cache()
-        row["exports"] = _export(result.adapter_dir, preset.model, out)
+        row["exports"] = _export(result.adapter_dir, preset.model_id, out)
     return row
 
 

@@ -9,7 +9,7 @@ Modules, one concern each:
 - ``data``     -- GSM8K loading (Hub, local file, bundled sample) and prompt formatting.
 - ``rewards``  -- reward functions in a registry chosen by name (``REWARDS``).
 - ``models``   -- the embedded CPU model and ``load_model(preset)``.
-- ``presets``  -- one frozen recipe per VRAM tier, ``auto_preset()`` and the VRAM planner.
+- ``presets``  -- one frozen recipe per VRAM tier, ``auto_recipe()`` and the VRAM planner.
 - ``train``    -- ``GRPOConfig`` from a preset, the trainer, metrics and resume.
 - ``evaluate`` -- held-out accuracy, before/after.
 - ``export``   -- LoRA / merged 16-bit / GGUF exports, each verified by reloading it.

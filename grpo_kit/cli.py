@@ -27,7 +27,7 @@ def _add_presets(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
-    p.set_defaults(func=_handler("presets", "cli_presets"))
+    p.set_defaults(func=_handler("recipes", "cli_presets"))
 
 
 def _add_rewards(sub) -> None:
@@ -37,36 +37,24 @@ def _add_rewards(sub) -> None:
 
 def _add_train(sub) -> None:
     from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables; these imports do not import torch
-    from grpo_kit.presets import BACKENDS, LOSS_VARIANTS
 
-    p = sub.add_parser("train", help="train a GRPO LoRA adapter from a preset")
-    p.add_argument("--preset", default="auto", help="preset name (see `grpo-kit presets`), or 'auto' to detect")
-    p.add_argument("--model", help="model id or local folder, instead of the preset's")
+    p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
+                       description="Every recipe value (model, prompt, rewards, any GRPOConfig field) is changed with "
+                       "--set KEY=VALUE, e.g. --set max_steps=50 --set model.id=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit "
+                       "--set rewards=correctness:2,format --set use_vllm=false.")
+    p.add_argument("--preset", default="auto", help="a shipped recipe (see `grpo-kit presets`), or 'auto' to detect")
+    p.add_argument("--recipe", metavar="PATH", help="your own recipe YAML file (start from recipes/cpu.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change one recipe value: a GRPOConfig field (learning_rate=1e-5), model.KEY, prompt.KEY or "
+                   "rewards=NAME[:W],package.module:function[:W]; repeat for more")
     p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file")
-    p.add_argument("--rewards", help="comma-separated rewards, optionally weighted: built-in names (correctness:2,format) or your own "
-                   "package.module:function (my_rewards:brevity:0.5)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps to run (overrides the preset)")
-    p.add_argument("--output", help="run folder (default: runs/<preset>-<time>)")
+    p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
     p.add_argument(
         "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
     )
-    p.add_argument("--loss-type", choices=list(LOSS_VARIANTS), help="GRPO loss variant (docs/SCALING.md explains each)")
-    p.add_argument("--beta", type=float, help="KL penalty weight (0 = no reference model)")
-    p.add_argument("--num-generations", type=int, help="completions sampled per prompt (the group size G)")
-    p.add_argument("--temperature", type=float, help="sampling temperature for completions")
-    p.add_argument("--learning-rate", type=float, help="optimizer learning rate")
-    p.add_argument("--seed", type=int, help="random seed")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override any GRPOConfig field")
     p.add_argument("--show-completions", type=int, default=0, metavar="N",
                    help="every N steps, print a few sampled completions with each reward's score")
-    p.add_argument(
-        "--vllm-server", metavar="URL", help="generate with a `trl vllm-serve` server on another GPU (vllm_mode=server)"
-    )
-    p.add_argument(
-        "--no-vllm", action="store_true", help="generate with Unsloth/transformers, not vLLM (= --set use_vllm=false)"
-    )
-    p.add_argument("--backend", choices=list(BACKENDS), help="model loader (default: auto)")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
     p.add_argument(
@@ -174,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{set_hint(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
@@ -187,6 +177,28 @@ def main(argv: list[str] | None = None) -> int:
         print("grpo-kit: interrupted", file=sys.stderr)
         return 130
     return int(result or 0)
+
+
+#: Flags that changed recipe values before ``--set`` was the one way: the ``--set`` form to suggest instead.
+_AS_SET = {"model": "model.id", "no_vllm": "use_vllm=false", "rewards": "rewards", "vllm_server": "vllm_mode=server "
+           "--set use_vllm=true --set vllm_server_base_url"}
+
+
+def set_hint(extra: list[str]) -> str:
+    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (one override route; see recipes.py).
+
+    >>> set_hint(["--max-steps", "3", "--no-vllm"])
+    '. Recipe values change with --set: --set max_steps=3 --set use_vllm=false'
+    """
+    hints = []
+    for i, token in enumerate(extra):
+        if not token.startswith("--"):
+            continue
+        key = token[2:].split("=")[0].replace("-", "_")
+        value = token.split("=", 1)[1] if "=" in token else (extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") else "")
+        spelled = _AS_SET.get(key, key)
+        hints.append(f"--set {spelled}" if "=" in spelled and not value else f"--set {spelled}={value or 'VALUE'}")
+    return f". Recipe values change with --set: {' '.join(hints)}" if hints else ""
 
 
 if __name__ == "__main__":

@@ -384,10 +384,10 @@ def summarize(scores: Sequence[PromptScore]) -> dict:
 
 def cli_curriculum(args) -> int:
     """``grpo-kit curriculum``: sample ``--samples`` answers per training question, write the scores, print a summary."""
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.sampling import score_with_model
 
-    preset = get_preset(args.preset)
+    preset = load_recipe(args.preset)
     if args.samples < 2:
         raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
     out = Path(args.out) if args.out else default_scores_path(args.data)

@@ -19,7 +19,6 @@ accuracy on held-out arithmetic problems with 95 % intervals (``grpo_kit.stats``
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,16 +66,16 @@ def run_demo(
     arithmetic, ``"change"``: a ``stats.PairedDifference``) and export results."""
     from grpo_kit.models import EMBEDDED_ID, load_inference_model
     from grpo_kit.plots import plot_metrics
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.runtime import set_torch_threads
     from grpo_kit.train import train
 
     spec = demo_task(task)
     started = time.time()
     threads = set_torch_threads()
-    preset = get_preset(spec.preset)
+    preset = load_recipe(spec.preset)
     if max_steps is not None:
-        preset = dataclasses.replace(preset, max_steps=max_steps)
+        preset = preset.with_overrides(max_steps=max_steps)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(output_dir or Path("runs") / f"demo-{stamp}")
     print_fn(f"grpo-kit demo --task {task}: GRPO teaches {spec.what}")
@@ -172,7 +171,7 @@ def first_vs_last_table(history: list[dict], window: int = 3) -> str:
     reward                 0.100          0.900
     format_rate            0.000          1.000
     """
-    from grpo_kit.train import reward_first_last
+    from grpo_kit.machinery.metrics import reward_first_last
 
     logged = sum(1 for row in history if isinstance(row.get("reward"), (int, float)))
     window = max(1, min(window, logged // 2 or 1))  # the same window reward_first_last uses

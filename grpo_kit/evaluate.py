@@ -478,16 +478,10 @@ def run_prompt_settings(adapter_dir: str | os.PathLike | None) -> dict[str, Any]
     settings: dict[str, Any] = {"few_shot": 0, "prefill": ""}
     if adapter_dir is None:
         return settings
-    run_json = Path(adapter_dir).parent / "run.json"
-    if run_json.is_file():
-        try:
-            preset = json.loads(run_json.read_text(encoding="utf-8")).get("preset", {})
-        except (OSError, json.JSONDecodeError):
-            return settings
-        for key in settings:
-            if key in preset:
-                settings[key] = preset[key]
-    return settings
+    from grpo_kit.recipes import recorded_settings
+
+    recorded = recorded_settings(Path(adapter_dir).parent)
+    return {key: recorded.get(key, default) for key, default in settings.items()}
 
 
 def cli_eval(args) -> int:

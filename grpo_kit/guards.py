@@ -87,7 +87,7 @@ def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _checkpoint_hint(run_dir: str | os.PathLike | None, checkpoint_is_clean: bool) -> str:
-    from grpo_kit.train import latest_checkpoint
+    from grpo_kit.machinery.runs import latest_checkpoint
 
     if run_dir is None:
         return ""

@@ -39,7 +39,9 @@ def _front_matter(info: Mapping[str, Any]) -> str:
 
 def _training_section(info: Mapping[str, Any]) -> list[str]:
     run = info.get("run") or {}
-    preset = run.get("preset") or {}
+    from grpo_kit.recipes import flatten
+
+    preset = flatten(run["recipe"]) if isinstance(run.get("recipe"), dict) else {}
     if not run:
         return ["## Training", "", "No `run.json` was found next to the adapter, so the training settings are unknown."]
     rewards = run.get("rewards") or [r[0] if isinstance(r, (list, tuple)) else r for r in preset.get("rewards", [])]

@@ -125,11 +125,11 @@ def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
     (Unsloth's patched model does not support sharded weights), Unsloth on any other GPU run. An explicit choice is
     refused where it cannot work, with what to do instead.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> a100 = get_preset("a100-80gb")
+    >>> from grpo_kit.recipes import load_recipe
+    >>> a100 = load_recipe("a100-80gb")
     >>> resolve_backend(a100, cuda=True), resolve_backend(a100, cuda=True, zero3=True)
     ('unsloth', 'transformers')
-    >>> resolve_backend(get_preset("cpu"), cuda=False)
+    >>> resolve_backend(load_recipe("cpu"), cuda=False)
     'transformers'
     """
     if preset.backend == "unsloth" and zero3:
@@ -188,7 +188,7 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
     from grpo_kit.planner import gpu_required_message, needs_gpu
     from grpo_kit.vllm_server import check_weight_sync
 
-    model_id = resolve_model_id(model or preset.model)
+    model_id = resolve_model_id(model or preset.model_id)
     cuda = torch.cuda.is_available()
     if needs_gpu(preset) and not cuda:
         raise GrpoKitError(gpu_required_message(preset))
@@ -206,11 +206,11 @@ def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_r
     (``device_map={"": LOCAL_RANK}``), except under ZeRO-3, where DeepSpeed places (shards) the weights itself. 4-bit
     weights are bitsandbytes NF4; their storage dtype is the compute dtype, which is what lets ZeRO-3 shard them.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> kw = transformers_load_kwargs(get_preset("a100-80gb"), cuda=True, local_rank=1)
+    >>> from grpo_kit.recipes import load_recipe
+    >>> kw = transformers_load_kwargs(load_recipe("a100-80gb"), cuda=True, local_rank=1)
     >>> kw["dtype"], kw["device_map"], "quantization_config" in kw
     ('bfloat16', {'': 1}, False)
-    >>> transformers_load_kwargs(get_preset("cpu"), cuda=False)
+    >>> transformers_load_kwargs(load_recipe("cpu"), cuda=False)
     {'dtype': 'float32'}
     """
     dtype = PRECISION_DTYPES[preset.precision]
@@ -263,8 +263,8 @@ def unsloth_load_kwargs(preset, model_id: str) -> dict:
     ``dtype`` follows ``preset.precision``: left out, Unsloth picks bf16 wherever the card has it, and its trainer
     then refuses the model when the run trains in fp16. With 4-bit weights it is the compute dtype.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> kw = unsloth_load_kwargs(get_preset("t4-16gb"), "some/model")
+    >>> from grpo_kit.recipes import load_recipe
+    >>> kw = unsloth_load_kwargs(load_recipe("t4-16gb"), "some/model")
     >>> kw["dtype"], kw["load_in_4bit"], kw["fast_inference"]
     (torch.float16, True, True)
     """
@@ -357,10 +357,9 @@ def without_missing_vllm(preset):
             f"{problem}. Install the vllm wheel built for this torch's CUDA, or drop --vllm-server to generate "
             "on the training GPU without vLLM."
         )
-    import dataclasses
 
     announce_vllm_off(problem, VLLM_IMPORT_HINT)
-    return dataclasses.replace(preset, use_vllm=False)
+    return preset.with_overrides(use_vllm=False)
 
 
 def announce_vllm_off(reason: str, hint: str) -> None:

@@ -4,7 +4,7 @@ The five notebooks in ``notebooks/`` form one path (setup → GRPO explained →
 one must also run on its own, top to bottom, on a fresh Colab runtime or in CI. ``NotebookSession.open()`` gives
 every notebook the same answers to the same questions:
 
-- **which preset?** the one notebook 01 saved to ``session.json``, else ``auto_preset()`` for this machine; in
+- **which preset?** the one notebook 01 saved to ``session.json``, else ``auto_recipe()`` for this machine; in
   smoke mode always ``cpu``;
 - **how big a run?** ``RunSizes``: the preset's steps and a real evaluation, or, in smoke mode, 2 training steps,
   4 evaluation questions and short generations (the narrative stays the same, only the numbers shrink);
@@ -271,8 +271,8 @@ class RunSizes:
 def run_sizes(preset, *, smoke: bool, on_gpu: bool) -> RunSizes:
     """Smoke: 2 steps, 4 questions, 32 new tokens, bundled sample. CPU: the preset's steps on the sample. GPU: GSM8K.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> run_sizes(get_preset("cpu"), smoke=True, on_gpu=False)
+    >>> from grpo_kit.recipes import load_recipe
+    >>> run_sizes(load_recipe("cpu"), smoke=True, on_gpu=False)
     RunSizes(max_steps=2, eval_questions=4, max_new_tokens=32, train_data='sample', eval_data='sample')
     """
     if smoke:
@@ -290,7 +290,7 @@ def run_sizes(preset, *, smoke: bool, on_gpu: bool) -> RunSizes:
 class NotebookSession:
     """Everything a notebook needs to know about this run; build it with ``NotebookSession.open()``."""
 
-    preset: object  # grpo_kit.presets.Preset (kept untyped so importing this module stays light)
+    preset: object  # grpo_kit.recipes.Recipe (kept untyped so importing this module stays light)
     reason: str
     smoke: bool
     smoke_reason: str
@@ -311,11 +311,11 @@ class NotebookSession:
         """Resolve preset, smoke mode and paths. ``preset``: a name, or None for the saved choice / ``auto``.
 
         Order: smoke mode forces ``cpu``; else an explicit ``preset``; else the one saved by notebook 01; else
-        ``auto_preset()``. ``overrides`` are preset fields (``get_preset(name, **overrides)``); in smoke mode
+        ``auto_recipe()``. ``overrides`` are preset fields (``load_recipe(name, **overrides)``); in smoke mode
         ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step.
         """
         from grpo_kit.planner import check_fits
-        from grpo_kit.presets import auto_preset, get_preset
+        from grpo_kit.recipes import auto_recipe, load_recipe
         from grpo_kit.runtime import detect_device
 
         device = device or detect_device()
@@ -333,15 +333,15 @@ class NotebookSession:
             name, reason = saved["preset"], f"chosen in notebook 01 (saved in {base / SESSION_FILE})"
             overrides = {**saved["overrides"], **overrides}
         else:
-            chosen, reason = auto_preset(device)
+            chosen, reason = auto_recipe(device)
             name = chosen.name
-            if chosen != get_preset(name):  # auto_preset adapted the tier (fallback model, fp16)
-                overrides = {**_differences(get_preset(name), chosen), **overrides}
-        sizes_preset = get_preset(name, **overrides)
+            if chosen != load_recipe(name):  # auto_recipe adapted the tier (fallback model, fp16)
+                overrides = {**_differences(load_recipe(name), chosen), **overrides}
+        sizes_preset = load_recipe(name, **overrides)
         sizes = run_sizes(sizes_preset, smoke=smoke, on_gpu=device.kind == "cuda")
         if smoke:
             overrides = {**overrides, **SMOKE_OVERRIDES, "max_steps": sizes.max_steps, "save_steps": sizes.max_steps}
-        chosen_preset = get_preset(name, **overrides)
+        chosen_preset = load_recipe(name, **overrides)
         warning = check_fits(chosen_preset, device)
         if warning and "Warning:" not in reason:  # e.g. a preset saved on a bigger GPU, reopened on a smaller one
             reason += f". Warning: {warning}"
@@ -362,7 +362,7 @@ class NotebookSession:
         lines = [
             f"device : {gpu}",
             f"preset : {p.name} - {self.reason}",
-            f"model  : {p.model}",
+            f"model  : {p.model_id}",
             f"mode   : {'SMOKE' if self.smoke else 'full'} - {self.smoke_reason}",
             f"sizes  : {s.max_steps} training steps on '{s.train_data}', G={p.num_generations}, "
             f"{s.eval_questions} held-out questions on '{s.eval_data}', {s.max_new_tokens} new tokens",
@@ -375,11 +375,11 @@ class NotebookSession:
 
         Smoke sessions save nothing: their choice is forced, and must not leak into a later full-size session.
         """
-        from grpo_kit.presets import get_preset
+        from grpo_kit.recipes import load_recipe
 
         if self.smoke:
             return None
-        return save_choice(self.paths.root, self.preset.name, _differences(get_preset(self.preset.name), self.preset))
+        return save_choice(self.paths.root, self.preset.name, _differences(load_recipe(self.preset.name), self.preset))
 
 
 def _differences(base, changed) -> dict:
@@ -400,7 +400,7 @@ def run_status(run_dir: str | os.PathLike, max_steps: int) -> str:
 
     Done means the final ``adapter/`` exists and the latest complete checkpoint reached ``max_steps``.
     """
-    from grpo_kit.train import latest_checkpoint
+    from grpo_kit.machinery.runs import latest_checkpoint
 
     run_dir = Path(run_dir)
     checkpoint = latest_checkpoint(run_dir)
@@ -419,11 +419,12 @@ def recipe_mismatch(run_dir: str | os.PathLike, preset) -> list[str]:
 
     Empty when they agree (apart from ``RESUMABLE_CHANGES``) or when there is no readable ``run.json``.
     """
-    try:
-        recorded = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))["preset"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError):
+    from grpo_kit.recipes import recorded_settings
+
+    recorded = recorded_settings(run_dir)
+    if not recorded:
         return []
-    current = json.loads(json.dumps(dataclasses.asdict(preset), default=str))
+    current = json.loads(json.dumps(preset.flat(), default=str))
     return sorted(k for k in current if k not in RESUMABLE_CHANGES and recorded.get(k, current[k]) != current[k])
 
 
@@ -432,7 +433,9 @@ def load_finished_run(run_dir: str | os.PathLike):
 
     ``seconds`` is the sum of the logged step times (0.0 when none were logged).
     """
-    from grpo_kit.train import TrainResult, latest_checkpoint, read_metrics, reward_first_last
+    from grpo_kit.machinery.metrics import read_metrics, reward_first_last
+    from grpo_kit.machinery.runs import latest_checkpoint
+    from grpo_kit.train import TrainResult
 
     run_dir = Path(run_dir)
     adapter = run_dir / "adapter"
@@ -493,7 +496,7 @@ def train_session(session: NotebookSession, *, restart: bool = False, callbacks:
     return train(
         session.preset,
         data=session.sizes.train_data,
-        max_steps=session.sizes.max_steps,
+        overrides={"max_steps": session.sizes.max_steps},
         output_dir=run_dir,
         resume=status == "partial",
         callbacks=callbacks,
@@ -553,7 +556,7 @@ def preview_prompt(preset, *, data: str = "sample", index: int = 0) -> str:
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.models import load_tokenizer, resolve_model_id
 
-    tokenizer = load_tokenizer(resolve_model_id(preset.model))
+    tokenizer = load_tokenizer(resolve_model_id(preset.model_id))
     rows = load_gsm8k(data, split="train", limit=index + 1, seed=preset.seed)
     formatted, _ = format_for_grpo(rows, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill)
     prompt = formatted[index]["prompt"]
@@ -582,7 +585,7 @@ def evaluate_session(session: NotebookSession, adapter_dir: str | os.PathLike, *
 
     preset = session.preset
     before, after = evaluate_before_after(
-        preset.model,
+        preset.model_id,
         adapter_dir,
         eval_questions(session),
         max_new_tokens=session.sizes.max_new_tokens,
@@ -789,8 +792,8 @@ def export_formats(preset) -> tuple[str, ...]:
     A merged 16-bit 8B model needs ~16 GB of GPU memory to merge and verify, more than a T4 or L4 has next to
     training; there the LoRA adapter is exported, and merging is left to a bigger card (or ``grpo-kit export`` later).
 
-    >>> from grpo_kit.presets import get_preset
-    >>> export_formats(get_preset("cpu")), export_formats(get_preset("t4-16gb")), export_formats(get_preset("a100-80gb"))
+    >>> from grpo_kit.recipes import load_recipe
+    >>> export_formats(load_recipe("cpu")), export_formats(load_recipe("t4-16gb")), export_formats(load_recipe("a100-80gb"))
     (('lora', 'merged16', 'gguf'), ('lora',), ('lora', 'merged16', 'gguf'))
     """
     if preset.vram_gb == 0 or preset.vram_gb >= 39:

@@ -346,22 +346,22 @@ def estimate_vram_for(
 def estimate_vram(
     preset, model_shape: ModelShape | None = None, *, card_gb: float | None = None, shared_weights: bool | None = None
 ) -> VramEstimate:
-    """Estimate a ``grpo_kit.presets.Preset`` on a card of ``card_gb`` GiB (default: the preset's ``vram_gb``).
+    """Estimate a ``grpo_kit.recipes.Recipe`` on a card of ``card_gb`` GiB (default: the preset's ``vram_gb``).
 
-    ``model_shape`` defaults to ``shape_for(preset.model)``; for any other model pass
+    ``model_shape`` defaults to ``shape_for(preset.model_id)``; for any other model pass
     ``ModelShape.from_config(AutoConfig.from_pretrained(model_id))``. ``shared_weights`` (vLLM and the trainer share
     one copy of the weights) defaults to "not the transformers backend": only Unsloth's in-process vLLM shares them.
     With ``vllm_mode='server'`` vLLM runs on another GPU, so nothing of it is counted on the training card.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> est = estimate_vram(get_preset("t4-16gb"))
+    >>> from grpo_kit.recipes import load_recipe
+    >>> est = estimate_vram(load_recipe("t4-16gb"))
     >>> est.fits(14.7), est.weight_bits
     (True, 4)
     """
-    shape = model_shape or shape_for(preset.model)
+    shape = model_shape or shape_for(preset.model_id)
     if shape is None:
         raise GrpoKitError(
-            f"The VRAM planner does not know the shape of {preset.model!r}. Pass model_shape="
+            f"The VRAM planner does not know the shape of {preset.model_id!r}. Pass model_shape="
             "ModelShape.from_config(AutoConfig.from_pretrained(model_id)), or use `grpo-kit presets --plan NAME "
             "--model ID` (it reads the config from the Hub)."
         )
@@ -410,7 +410,7 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
     """
     if device.kind != "cuda":
         return gpu_required_message(preset) if needs_gpu(preset) else None
-    shape = model_shape or shape_for(preset.model)
+    shape = model_shape or shape_for(preset.model_id)
     if shape is None:
         return None
     est = estimate_vram(preset, shape, card_gb=device.vram_gb)

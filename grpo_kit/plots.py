@@ -15,7 +15,7 @@ from grpo_kit.errors import GrpoKitError
 def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = None, *, show: bool = False) -> Path:
     """Draw reward, format-rate, completion-length and zero-variance curves; save a PNG (default:
     ``<run>/plots/rewards.png``)."""
-    from grpo_kit.train import read_metrics
+    from grpo_kit.machinery.metrics import read_metrics
 
     metrics = Path(metrics)
     if metrics.is_dir():

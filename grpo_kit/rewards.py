@@ -522,3 +522,11 @@ def cli_rewards(args: Any = None) -> int:
     print(reward_table_markdown())
     print(f"\nUse with: grpo-kit train --rewards correctness:2,format   (default set: {DEFAULT_REWARD_SPEC})")
     return 0
+
+
+def format_rate(completions, prefill=None, **kwargs) -> list[float]:
+    """Metric-only reward (weight 0 in training): 1.0 when a completion is in the think/answer format, else 0.0.
+
+    TRL logs it as ``rewards/format_rate/mean``: the share of completions in the format.
+    """
+    return [1.0 if score > 0 else 0.0 for score in REWARDS["format"](completions, prefill=prefill, **kwargs)]

@@ -136,7 +136,7 @@ def score_with_model(
     from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
-    policy, tokenizer = load_inference_model(model or preset.model, adapter)  # on the GPU in 16 bits when there is one
+    policy, tokenizer = load_inference_model(model or preset.model_id, adapter)  # on the GPU in 16 bits when there is one
     dataset = load_gsm8k(data, split="train", limit=limit, seed=seed)
     formatted, _ = format_for_grpo(
         dataset, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill, max_prompt_tokens=preset.max_prompt_length

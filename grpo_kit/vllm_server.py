@@ -6,8 +6,8 @@ With ``vllm_mode='server'`` the trainer sends its prompts to a vLLM server that 
 that starts a matching server, and a check, run before any weights load, that a server is up and serves the model
 being trained (a server holding another model would receive weights it cannot use).
 
->>> from grpo_kit.presets import get_preset
->>> preset = get_preset("a100-80gb", vllm_mode="server")
+>>> from grpo_kit.recipes import load_recipe
+>>> preset = load_recipe("a100-80gb", vllm_mode="server")
 >>> server_url(preset)
 'http://localhost:8000'
 >>> print(" ".join(serve_command(preset, gpu="0")))
@@ -42,7 +42,7 @@ def serve_command(preset, *, gpu: str = "0", model: str | None = None) -> list[s
         "trl",
         "vllm-serve",
         "--model",
-        model or preset.model,
+        model or preset.model_id,
         "--port",
         str(port),
         "--max-model-len",
@@ -60,9 +60,9 @@ def check_weight_sync(preset) -> None:
     as weights, so generation would silently use garbage. Colocated vLLM (Unsloth shares the weights) and 16-bit
     weights both work.
 
-    >>> from grpo_kit.presets import get_preset
-    >>> check_weight_sync(get_preset("a100-80gb", vllm_mode="server"))  # 16-bit weights: fine
-    >>> check_weight_sync(get_preset("t4-16gb", vllm_mode="server"))
+    >>> from grpo_kit.recipes import load_recipe
+    >>> check_weight_sync(load_recipe("a100-80gb", vllm_mode="server"))  # 16-bit weights: fine
+    >>> check_weight_sync(load_recipe("t4-16gb", vllm_mode="server"))
     Traceback (most recent call last):
     ...
     grpo_kit.errors.GrpoKitError: vllm_mode='server' cannot train 4-bit weights ...
@@ -105,7 +105,7 @@ def check_server(preset, *, model: str | None = None, wait: float = 240.0, poll:
     than the one being trained is refused too: TRL would push this model's weights into it.
     """
     url = server_url(preset)
-    trained = model or preset.model
+    trained = model or preset.model_id
     deadline = time.monotonic() + wait
     announced = False
     while True:

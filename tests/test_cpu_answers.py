@@ -11,7 +11,7 @@ import pytest
 
 from grpo_kit.data import arithmetic_key, load_gsm8k, make_arithmetic_dataset
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 from grpo_kit.stats import mcnemar_exact, paired_difference, wilson
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cpu_answers.py"
@@ -61,18 +61,19 @@ def test_excluded_calculations_do_not_come_back():
 
 
 def test_cpu_answers_trains_several_questions_per_step_on_correctness():
-    preset = get_preset("cpu-answers")
-    cpu = get_preset("cpu")
+    preset = load_recipe("cpu-answers")
+    cpu = load_recipe("cpu")
     assert preset.prompts_per_step > cpu.prompts_per_step
     assert [name for name, _ in preset.rewards] == ["correctness"]
-    assert (preset.model, preset.few_shot, preset.prefill) == (cpu.model, cpu.few_shot, cpu.prefill)
+    assert (preset.model_id, preset.few_shot, preset.prefill) == (cpu.model_id, cpu.few_shot, cpu.prefill)
 
 
 @pytest.mark.slow
 def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir, tmp_path):
-    from grpo_kit.train import read_metrics, train
+    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.train import train
 
-    preset = get_preset("cpu-answers", model=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
+    preset = load_recipe("cpu-answers", model=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
     result = train(preset, data="arithmetic-1step", output_dir=tmp_path / "run")
     assert result.steps == 1
     info = json.loads((result.run_dir / "run.json").read_text())
@@ -151,7 +152,7 @@ def test_arithmetic_demo_uses_the_answers_recipe_and_its_held_out_split():
     from grpo_kit.demo import demo_task
 
     task = demo_task("arithmetic")
-    assert get_preset(task.preset).rewards == (("correctness", 1.0),)
+    assert load_recipe(task.preset).rewards == (("correctness", 1.0),)
     assert len(load_gsm8k(task.held_out, "test", limit=task.eval_questions)) == task.eval_questions >= 100
 
 

@@ -312,9 +312,10 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
     """Real TRL runs: half the questions can only ever score 0. Dropping them (from scores) removes the flat groups
     TRL reports, and the curriculum order is the order TRL trains on."""
     from grpo_kit.data import make_arithmetic_dataset
-    from grpo_kit.presets import get_preset
+    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS
-    from grpo_kit.train import read_metrics, train
+    from grpo_kit.train import train
 
     dataset = make_arithmetic_dataset(8, seed=0)
     questions = dataset["question"]
@@ -327,11 +328,11 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
         for i, q in enumerate(questions)
     ]
     path = write_scores(tmp_path / "scores.jsonl", scores)
-    preset = get_preset(
+    preset = load_recipe(
         "cpu", model=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=4,
         gradient_accumulation_steps=1, max_completion_length=8, few_shot=0, save_steps=10, logging_steps=1,
     )
-    baseline = train(preset, dataset=dataset, rewards="toy", output_dir=tmp_path / "base")
+    baseline = train(preset, dataset=dataset, overrides={"rewards": "toy"}, output_dir=tmp_path / "base")
     seen.clear()
     filtered = train(
         preset, dataset=dataset, rewards="toy", output_dir=tmp_path / "drop",

@@ -31,8 +31,9 @@ def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     run = tmp_path_factory.mktemp("run")
     make_adapter(tiny_model_dir, run / "adapter")
     info = {
-        "preset": {"name": "cpu", "lora_rank": 4, "lora_alpha": 8, "num_generations": 4, "learning_rate": 5e-4,
-                   "few_shot": 1, "prefill": "<think>\n", "max_steps": 12},
+        "recipe": {"name": "cpu", "model": {"id": "m", "lora_rank": 4, "lora_alpha": 8},
+                   "prompt": {"few_shot": 1, "prefill": "<think>\n"},
+                   "grpo": {"num_generations": 4, "learning_rate": 5e-4, "max_steps": 12}},
         "model": str(tiny_model_dir),
         "data": "sample",
         "rewards": ["tag_progress", "correctness"],

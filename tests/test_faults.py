@@ -142,7 +142,7 @@ def _run_with(*names, steps=None, lock=None, adapter=False):
         for step in range(1, (steps or 0) + 1):
             env["fake_checkpoint"](run, step)
         if steps:
-            (run / "run.json").write_text(json.dumps({"preset": {"max_steps": steps}}))
+            (run / "run.json").write_text(json.dumps({"recipe": {"grpo": {"max_steps": steps}}}))
         if adapter:
             shutil.copytree(run / f"checkpoint-{steps}", run / "adapter")
         if lock:

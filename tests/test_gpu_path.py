@@ -14,7 +14,7 @@ import torch
 
 from grpo_kit import models, runtime
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def _train_on_fake_gpu(tiny_model_dir, tmp_path, **preset_changes):
     """``train()`` on the fake GPU up to the trainer's construction (fp32 and use_cpu, so TRL builds on a CPU)."""
     from grpo_kit.train import train
 
-    preset = get_preset("cpu", backend="unsloth", model=str(tiny_model_dir), **preset_changes)
+    preset = load_recipe("cpu", backend="unsloth", model=str(tiny_model_dir), **preset_changes)
     with pytest.raises(_Stop):
         train(preset, data="sample", output_dir=tmp_path / "run", overrides={"use_cpu": True})
 
@@ -146,16 +146,16 @@ def test_unsloth_backend_trains_with_unsloths_patched_trainer_and_config(fake_un
 
 
 def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
-    assert models.prepare_backend(get_preset("cpu", backend="transformers")) == "transformers"
+    assert models.prepare_backend(load_recipe("cpu", backend="transformers")) == "transformers"
     assert fake_unsloth.imported is False
-    assert models.prepare_backend(get_preset("cpu", backend="unsloth")) == "unsloth"
+    assert models.prepare_backend(load_recipe("cpu", backend="unsloth")) == "unsloth"
     assert fake_unsloth.imported is True
 
 
 def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
     with pytest.raises(GrpoKitError, match="--backend transformers"):
-        models.prepare_backend(get_preset("a100-80gb"))
+        models.prepare_backend(load_recipe("a100-80gb"))
 
 
 _IMPORT_ORDER_DRIVER = """
@@ -202,7 +202,7 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
 
 @pytest.mark.parametrize(("preset", "dtype"), [("t4-16gb", torch.float16), ("a100-80gb", torch.bfloat16)])
 def test_unsloth_loads_in_the_presets_precision(fake_unsloth, preset, dtype):
-    models.load_model(get_preset(preset))
+    models.load_model(load_recipe(preset))
     assert fake_unsloth.loads[-1]["dtype"] is dtype
 
 
@@ -305,7 +305,7 @@ def test_inference_model_on_a_cpu_stays_float32(monkeypatch):
 def test_server_mode_with_4bit_weights_is_refused_before_any_weights_load(fake_unsloth, tmp_path):
     from grpo_kit.train import train
 
-    preset = get_preset("t4-16gb", vllm_mode="server")
+    preset = load_recipe("t4-16gb", vllm_mode="server")
     with pytest.raises(GrpoKitError, match="4-bit") as error:
         train(preset, data="sample", output_dir=tmp_path / "run")
     assert "load_in_4bit=false" in str(error.value) and "colocated" in str(error.value)
@@ -315,7 +315,7 @@ def test_server_mode_with_4bit_weights_is_refused_before_any_weights_load(fake_u
 
 
 def test_server_mode_with_16bit_weights_loads(fake_unsloth):
-    models.load_model(get_preset("t4-16gb", vllm_mode="server", load_in_4bit=False))
+    models.load_model(load_recipe("t4-16gb", vllm_mode="server", load_in_4bit=False))
     assert fake_unsloth.loads[-1]["fast_inference"] is False  # the server generates
 
 
@@ -329,7 +329,7 @@ def _vllm_off_lines(capsys) -> list[str]:
 def test_engine_that_fails_to_start_falls_back_to_unsloth_generation(fake_unsloth, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     fake_unsloth.engine_error = RuntimeError("Engine core initialization failed. See root cause above.\nmore")
-    model, _ = models.load_model(get_preset("a100-80gb"))
+    model, _ = models.load_model(load_recipe("a100-80gb"))
     assert [load["fast_inference"] for load in fake_unsloth.loads] == [True, False]
     assert getattr(model, "vllm_engine", None) is None
     (line,) = _vllm_off_lines(capsys)
@@ -339,7 +339,7 @@ def test_engine_that_fails_to_start_falls_back_to_unsloth_generation(fake_unslot
 def test_a_programming_error_is_not_taken_for_an_engine_failure(fake_unsloth):
     fake_unsloth.engine_error = TypeError("from_pretrained() got an unexpected keyword argument")
     with pytest.raises(TypeError):
-        models.load_model(get_preset("a100-80gb"))
+        models.load_model(load_recipe("a100-80gb"))
     assert len(fake_unsloth.loads) == 1
 
 
@@ -371,7 +371,7 @@ def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, t
 def test_server_mode_without_an_importable_vllm_is_refused(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(GrpoKitError, match="drop --vllm-server"):
-        models.without_missing_vllm(get_preset("a100-80gb", vllm_mode="server"))
+        models.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
 
 
 def test_no_vllm_flag_switches_vllm_off(monkeypatch):

@@ -20,7 +20,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_kit import planner
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 PROOF = ROOT / "benchmarks" / "gpu_proof.py"
@@ -74,7 +74,7 @@ def test_dry_run_plans_every_tier_and_arch_with_its_twin_and_the_export(dry_run)
 def test_dry_run_caps_each_run_to_its_tier_card_and_forces_fp16_only_on_the_t4(dry_run):
     _, plan = dry_run
     for row in plan["runs"]:
-        tier = get_preset(row["tier"])
+        tier = load_recipe(row["tier"])
         assert row["cap_gib"] == tier.vram_gb
         assert row["precision"] == tier.precision
         assert row["completion_tokens"] == tier.max_completion_length
@@ -99,7 +99,7 @@ def test_built_shapes_count_the_real_models_parameters(dry_run, arch, published)
 def test_dry_run_reports_the_planner_estimate_of_the_run_as_configured(dry_run):
     _, plan = dry_run
     row = next(r for r in plan["runs"] if r["run"] == "kit-t4-16gb-llama-3.1-8b")
-    no_vllm = planner.estimate_vram(get_preset("t4-16gb", use_vllm=False), planner.LLAMA_31_8B)
+    no_vllm = planner.estimate_vram(load_recipe("t4-16gb", use_vllm=False), planner.LLAMA_31_8B)
     assert row["plan_gib"] == pytest.approx(no_vllm.total_gib, abs=0.01)
     assert row["plan_shipped_with_vllm_gib"] > row["plan_gib"]  # vLLM's share is off in the proof
 
@@ -157,7 +157,7 @@ def test_prompts_are_padded_to_just_under_the_tier_prompt_budget(tier):
     from grpo_kit.models import embedded_model_path, load_tokenizer
 
     tokenizer = load_tokenizer(str(embedded_model_path()))
-    preset = get_preset(tier)
+    preset = load_recipe(tier)
     rows = proof.full_length_dataset(preset, tokenizer, rows=4)
     formatted, dropped = format_for_grpo(rows, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
                                          max_prompt_tokens=preset.max_prompt_length)

@@ -45,7 +45,7 @@ from grpo_kit.notebook import (
     smoke_decision,
     train_session,
 )
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 from grpo_kit.runtime import DeviceInfo
 
 REPO = Path(__file__).resolve().parents[1]
@@ -307,7 +307,7 @@ def test_smoke_decision(monkeypatch, env, device, expected):
 
 
 def test_run_sizes():
-    cpu, t4 = get_preset("cpu"), get_preset("t4-16gb")
+    cpu, t4 = load_recipe("cpu"), load_recipe("t4-16gb")
     smoke = run_sizes(cpu, smoke=True, on_gpu=False)
     assert (smoke.max_steps, smoke.eval_questions, smoke.train_data) == (nbk.SMOKE_STEPS, nbk.SMOKE_EVAL_QUESTIONS, "sample")
     full_cpu = run_sizes(cpu, smoke=False, on_gpu=False)
@@ -333,10 +333,10 @@ def test_smoke_session_is_the_shrunken_cpu_recipe(tmp_path):
 
 def test_session_picks_auto_then_saved_then_named(tmp_path):
     auto = NotebookSession.open(root=tmp_path, smoke=False, device=T4)
-    assert auto.preset == get_preset("t4-16gb") and "T4" in auto.reason
+    assert auto.preset == load_recipe("t4-16gb") and "T4" in auto.reason
     save_choice(tmp_path, "l4-24gb", {"max_steps": 7})
     saved = NotebookSession.open(root=tmp_path, smoke=False, device=A100)
-    assert saved.preset == get_preset("l4-24gb", max_steps=7) and "notebook 01" in saved.reason
+    assert saved.preset == load_recipe("l4-24gb", max_steps=7) and "notebook 01" in saved.reason
     named = NotebookSession.open("a100-80gb", root=tmp_path, smoke=False, device=A100)
     assert named.preset.name == "a100-80gb"
     forced_auto = NotebookSession.open("auto", root=tmp_path, smoke=False, device=A100)
@@ -353,9 +353,9 @@ def test_a_saved_choice_that_no_longer_fits_is_flagged(tmp_path):
 def test_adapted_auto_preset_survives_save_and_reopen(tmp_path):
     small = DeviceInfo("cuda", "small GPU", 8.0, False)
     first = NotebookSession.open(root=tmp_path, smoke=False, device=small)
-    assert first.preset.model != get_preset("t4-16gb").model  # the 1.5B fallback
+    assert first.preset.model_id != load_recipe("t4-16gb").model  # the 1.5B fallback
     first.save_choice()
-    assert load_choice(tmp_path)["overrides"]["model"] == first.preset.model
+    assert load_choice(tmp_path)["overrides"]["model"] == first.preset.model_id
     again = NotebookSession.open(root=tmp_path, smoke=False, device=small)
     assert again.preset == first.preset
 
@@ -471,7 +471,7 @@ def test_ensure_trained_run_returns_the_adapter(smoke_session, fake_train, capsy
 
 
 def test_score_examples_orders_the_examples_like_the_rewards_should():
-    table = score_examples(get_preset("cpu").rewards, prefill=get_preset("cpu").prefill)
+    table = score_examples(load_recipe("cpu").rewards, prefill=load_recipe("cpu").prefill)
     totals = table["weighted total"].tolist()
     assert totals == sorted(totals) and totals[0] == 0.0 and totals[-1] > totals[-2]
     assert list(table.columns) == ["tag_progress", "correctness", "weighted total"]
@@ -481,7 +481,7 @@ def test_score_examples_orders_the_examples_like_the_rewards_should():
 
 def test_score_examples_follow_the_presets_prefill():
     """A GPU tier has no prefill: its model writes ``<think>`` itself, and the examples must score as such."""
-    t4 = get_preset("t4-16gb")
+    t4 = load_recipe("t4-16gb")
     assert t4.prefill == ""
     table = score_examples(t4.rewards, prefill=t4.prefill)
     full = table.loc["full format, right number"]
@@ -490,9 +490,9 @@ def test_score_examples_follow_the_presets_prefill():
 
 
 def test_preview_prompt_is_what_training_sends(embedded_dir):
-    text = nbk.preview_prompt(get_preset("cpu"))
+    text = nbk.preview_prompt(load_recipe("cpu"))
     assert text.endswith("<|im_start|>assistant\n<think>\n")  # generation prompt + prefill
-    assert text.count("<|im_start|>user") == get_preset("cpu").few_shot + 1  # worked examples + the question
+    assert text.count("<|im_start|>user") == load_recipe("cpu").few_shot + 1  # worked examples + the question
 
 
 def test_evaluate_session_passes_the_training_prompt_and_saves(smoke_session, monkeypatch):
@@ -509,7 +509,7 @@ def test_evaluate_session_passes_the_training_prompt_and_saves(smoke_session, mo
     before, after = nbk.evaluate_session(smoke_session, "adapter-dir")
     preset = smoke_session.preset
     assert seen["n"] == nbk.SMOKE_EVAL_QUESTIONS and seen["max_new_tokens"] == nbk.SMOKE_NEW_TOKENS
-    assert (seen["few_shot"], seen["prefill"], seen["model"]) == (preset.few_shot, preset.prefill, preset.model)
+    assert (seen["few_shot"], seen["prefill"], seen["model"]) == (preset.few_shot, preset.prefill, preset.model_id)
     assert saved_evals(smoke_session.paths) == {
         "before": smoke_session.paths.eval_dir / "before.json",
         "after": smoke_session.paths.eval_dir / "after.json",
@@ -570,12 +570,12 @@ def test_plots_draw_without_a_display(tmp_path):
     import matplotlib.pyplot as plt
 
     from grpo_kit.planner import estimate_vram
-    from grpo_kit.presets import PRESETS
+    from grpo_kit.recipes import RECIPES
 
-    estimates = {name: estimate_vram(preset) for name, preset in PRESETS.items()}
+    estimates = {name: estimate_vram(preset) for name, preset in RECIPES.items()}
     ax = nbk.plot_vram_plans(estimates, highlight="cpu", show=False)
     assert [t.get_text() for t in ax.get_yticklabels()][0] == "cpu *"
-    assert len(ax.patches) == 6 * len(PRESETS)  # one segment per part per preset
+    assert len(ax.patches) == 6 * len(RECIPES)  # one segment per part per preset
     fig = nbk.plot_exports(_export_results(tmp_path), show=False)
     assert len(fig.axes) == 2
     plt.close("all")
@@ -607,8 +607,8 @@ def test_a_run_made_with_another_recipe_is_set_aside_not_reused(smoke_session, f
     run = smoke_session.paths.run_dir
     fake_checkpoint(run, nbk.SMOKE_STEPS)
     _fake_adapter(run)
-    recorded = dataclasses.asdict(dataclasses.replace(smoke_session.preset, learning_rate=1e-3, max_steps=99))
-    (run / "run.json").write_text(json.dumps({"preset": recorded}, default=str))
+    recorded = smoke_session.preset.with_overrides(learning_rate=1e-3, max_steps=99).to_dict()
+    (run / "run.json").write_text(json.dumps({"recipe": recorded}, default=str))
     assert nbk.recipe_mismatch(run, smoke_session.preset) == ["learning_rate"]  # max_steps may change on resume
     train_session(smoke_session)
     assert len(fake_train) == 1 and fake_train[-1]["resume"] is False
@@ -618,5 +618,5 @@ def test_a_run_made_with_another_recipe_is_set_aside_not_reused(smoke_session, f
 
 def test_recipe_mismatch_is_empty_for_the_same_recipe_or_no_record(tmp_path, smoke_session):
     assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []
-    (tmp_path / "run.json").write_text(json.dumps({"preset": dataclasses.asdict(smoke_session.preset)}, default=str))
+    (tmp_path / "run.json").write_text(json.dumps({"recipe": smoke_session.preset.to_dict()}, default=str))
     assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import doctest
 import json
 
@@ -25,7 +24,7 @@ from grpo_kit.planner import (
     lora_param_count,
     shape_for,
 )
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 from grpo_kit.runtime import DeviceInfo
 
 T4 = DeviceInfo("cuda", "Tesla T4", 14.7, False)
@@ -123,7 +122,7 @@ def test_weights_shrink_with_bits():
 @pytest.mark.parametrize("name", ["t4-16gb", "l4-24gb", "a100-80gb"])
 def test_total_grows_with_completion_length(name):
     totals = [
-        estimate_vram(get_preset(name, max_completion_length=n, max_seq_length=256 + n)).total_gib
+        estimate_vram(load_recipe(name, max_completion_length=n, max_seq_length=256 + n)).total_gib
         for n in (128, 256, 512, 1024)
     ]
     assert totals == sorted(totals) and len(set(totals)) == len(totals)
@@ -131,14 +130,14 @@ def test_total_grows_with_completion_length(name):
 
 def test_more_generations_cost_kv_cache_and_with_a_bigger_micro_batch_more_memory():
     kv = [
-        estimate_vram(get_preset("t4-16gb", num_generations=g, gradient_accumulation_steps=g)).kv_needed_gib
+        estimate_vram(load_recipe("t4-16gb", num_generations=g, gradient_accumulation_steps=g)).kv_needed_gib
         for g in (2, 4, 8)
     ]
     assert kv == sorted(kv) and len(set(kv)) == 3
     # Unsloth-style batch = G: every completion of a group in one micro-batch, so activations and logits grow.
     totals = [
         estimate_vram(
-            get_preset("t4-16gb", num_generations=g, per_device_train_batch_size=g, gradient_accumulation_steps=1)
+            load_recipe("t4-16gb", num_generations=g, per_device_train_batch_size=g, gradient_accumulation_steps=1)
         ).total_gib
         for g in (2, 4, 8)
     ]
@@ -146,10 +145,10 @@ def test_more_generations_cost_kv_cache_and_with_a_bigger_micro_batch_more_memor
 
 
 def test_checkpointing_and_8bit_adam_save_memory():
-    t4 = get_preset("t4-16gb")
-    with_ckpt, without = (estimate_vram(dataclasses.replace(t4, gradient_checkpointing=g)) for g in (True, False))
+    t4 = load_recipe("t4-16gb")
+    with_ckpt, without = (estimate_vram(t4.with_overrides(gradient_checkpointing=g)) for g in (True, False))
     assert with_ckpt.activations_gib < without.activations_gib / 5
-    adam8, adam32 = (estimate_vram(dataclasses.replace(t4, optim=o)) for o in ("paged_adamw_8bit", "adamw_torch"))
+    adam8, adam32 = (estimate_vram(t4.with_overrides(optim=o)) for o in ("paged_adamw_8bit", "adamw_torch"))
     assert adam8.lora_gib < adam32.lora_gib
     assert adam32.lora_gib == pytest.approx(adam32.lora_params * 16 / 2**30)
 
@@ -162,18 +161,18 @@ def test_logits_scale_with_the_vocabulary():
 
 
 def test_vllm_share_counts_the_weights_once_unless_told_otherwise():
-    t4 = get_preset("t4-16gb")
+    t4 = load_recipe("t4-16gb")
     shared = estimate_vram(t4)
     separate = estimate_vram(t4, shared_weights=False)
     assert shared.vllm_share_gib == pytest.approx(0.6 * 14.7)
     assert shared.vllm_gib == pytest.approx(shared.vllm_share_gib - shared.weights_gib)
     assert separate.total_gib == pytest.approx(shared.total_gib + shared.weights_gib)
     assert not separate.fits()  # TRL's own colocated vLLM would load a second copy: no room on a T4
-    assert estimate_vram(dataclasses.replace(t4, use_vllm=False)).vllm_gib == 0
+    assert estimate_vram(t4.with_overrides(use_vllm=False)).vllm_gib == 0
 
 
 def test_estimate_format_and_fits():
-    estimate = estimate_vram(get_preset("t4-16gb"))
+    estimate = estimate_vram(load_recipe("t4-16gb"))
     text = estimate.format()
     assert "total" in text and f"{estimate.total_gib:6.2f}" in text and "fits in 14.7 GiB" in text
     assert estimate.fits() and estimate.fits(14.7) and not estimate.fits(estimate.total_gib - 0.01)
@@ -185,42 +184,42 @@ def test_estimate_format_and_fits():
 
 def test_unknown_model_and_unknown_target_are_explained():
     with pytest.raises(GrpoKitError, match="from_config"):
-        estimate_vram(get_preset("t4-16gb", model="someone/unknown-7b"))
+        estimate_vram(load_recipe("t4-16gb", model="someone/unknown-7b"))
     with pytest.raises(GrpoKitError, match="LoRA target"):
         lora_param_count(LLAMA_31_8B, 8, ("qkv_proj",))
 
 
 def test_check_fits_is_quiet_when_it_fits():
-    assert check_fits(get_preset("t4-16gb"), T4) is None
-    assert check_fits(get_preset("cpu"), DeviceInfo("cpu", "cpu", 0.0, False)) is None
-    assert check_fits(get_preset("t4-16gb", model="someone/unknown-7b"), T4) is None  # nothing to check against
+    assert check_fits(load_recipe("t4-16gb"), T4) is None
+    assert check_fits(load_recipe("cpu"), DeviceInfo("cpu", "cpu", 0.0, False)) is None
+    assert check_fits(load_recipe("t4-16gb", model="someone/unknown-7b"), T4) is None  # nothing to check against
 
 
 def test_check_fits_says_what_to_do():
-    message = check_fits(get_preset("a100-80gb"), T4)
+    message = check_fits(load_recipe("a100-80gb"), T4)
     assert message and "Tesla T4" in message
     for fix in ("smaller preset", "max_completion_length", "generations", "vllm_gpu_memory_utilization"):
         assert fix in message
-    starved = check_fits(get_preset("t4-16gb", vllm_gpu_memory_utilization=0.35), T4)
+    starved = check_fits(load_recipe("t4-16gb", vllm_gpu_memory_utilization=0.35), T4)
     assert starved and "KV cache" in starved
-    no_gpu = check_fits(get_preset("t4-16gb"), DeviceInfo("cpu", "cpu", 0.0, False))
+    no_gpu = check_fits(load_recipe("t4-16gb"), DeviceInfo("cpu", "cpu", 0.0, False))
     assert no_gpu and "--preset cpu" in no_gpu
 
 
 def test_vllm_server_mode_frees_the_training_card():
-    colocated = estimate_vram(get_preset("a100-80gb"))
-    server = estimate_vram(get_preset("a100-80gb", vllm_mode="server"))
+    colocated = estimate_vram(load_recipe("a100-80gb"))
+    server = estimate_vram(load_recipe("a100-80gb", vllm_mode="server"))
     assert colocated.vllm_gib > 0 and server.vllm_gib == 0
     assert server.total_gib == pytest.approx(colocated.total_gib - colocated.vllm_gib - VLLM_OVERHEAD_GIB, abs=0.01)
     # A share too small for the KV cache is the server's business then, not this card's.
-    starved = get_preset("t4-16gb", vllm_gpu_memory_utilization=0.35)
+    starved = load_recipe("t4-16gb", vllm_gpu_memory_utilization=0.35)
     assert "KV cache" in check_fits(starved, T4)
-    assert check_fits(dataclasses.replace(starved, vllm_mode="server"), T4) is None
+    assert check_fits(starved.with_overrides(vllm_mode="server"), T4) is None
 
 
 def test_transformers_backend_counts_a_second_copy_of_the_weights_for_vllm():
-    unsloth = estimate_vram(get_preset("a100-80gb"))
-    plain = estimate_vram(get_preset("a100-80gb", backend="transformers"))
+    unsloth = estimate_vram(load_recipe("a100-80gb"))
+    plain = estimate_vram(load_recipe("a100-80gb", backend="transformers"))
     assert plain.vllm_gib == pytest.approx(unsloth.vllm_gib + unsloth.weights_gib, abs=0.01)
 
 

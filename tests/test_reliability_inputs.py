@@ -17,7 +17,7 @@ from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.guards import check_dataset_size
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 from grpo_kit.runtime import DeviceInfo
 from grpo_kit.train import build_grpo_config, train
 
@@ -109,7 +109,7 @@ def test_windows_files_with_bom_and_crlf_load(tmp_path):
 
 
 def _config(tmp_path, **changes):
-    return build_grpo_config(get_preset("cpu", **changes), tmp_path, on_cpu=True)
+    return build_grpo_config(load_recipe("cpu", **changes), tmp_path, on_cpu=True)
 
 
 def test_too_few_prompts_for_one_step_is_refused(tmp_path):
@@ -150,7 +150,7 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
     ]
     path = tmp_path / "huge.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    preset = get_preset("cpu", model=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
+    preset = load_recipe("cpu", model=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
                         few_shot=0, max_completion_length=8)  # fmt: skip
     with pytest.raises(GrpoKitError) as info:
         train(preset, data=str(path), output_dir=tmp_path / "run")
@@ -187,7 +187,7 @@ def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_l
 
     monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "Tesla T4", 14.7, bf16=False))
     with pytest.raises(GrpoKitError, match="no bf16 support.*precision=fp16.*t4-16gb"):
-        train(get_preset("l4-24gb"), data="sample", output_dir=tmp_path / "run")
+        train(load_recipe("l4-24gb"), data="sample", output_dir=tmp_path / "run")
 
 
 def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, no_model_load):
@@ -197,7 +197,7 @@ def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, n
     monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))
     with pytest.warns(UserWarning, match="VRAM planner") as caught:
         with pytest.raises(GrpoKitError):  # then this CPU-only machine cannot build a bf16 config either
-            train(get_preset("a100-80gb"), data="sample", output_dir=tmp_path / "run")
+            train(load_recipe("a100-80gb"), data="sample", output_dir=tmp_path / "run")
     message = str(caught[0].message)
     assert "needs about" in message and "7.8 GiB" in message and "Try:" in message and "smaller preset" in message
 

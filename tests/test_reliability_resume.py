@@ -20,7 +20,8 @@ import time
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.train import latest_checkpoint, read_metrics
+from grpo_kit.machinery.metrics import read_metrics
+from grpo_kit.machinery.runs import latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
 TINY = [

@@ -108,7 +108,7 @@ def fake_run(fake_checkpoint):
 
     def make(run_dir, steps: int):
         run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"preset": {"max_steps": steps}}))
+        (run_dir / "run.json").write_text(json.dumps({"recipe": {"grpo": {"max_steps": steps}}}))
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n"
                                                        for s in range(1, steps + 1)))  # fmt: skip
         for step in range(1, steps + 1):
@@ -152,7 +152,7 @@ def test_non_finite_settings_are_refused_before_any_weights_load(argv, tmp_path,
 def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit.train import make_metrics_logger, truncate_metrics
+    from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     logger = make_metrics_logger(path)
@@ -168,14 +168,14 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
 
 def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, make_adapter):
     from grpo_kit.guards import NumericsError
-    from grpo_kit.train import _check_saved_adapter
+    from grpo_kit.machinery.runs import check_saved_adapter
 
     run_dir = tmp_path / "run"
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
-    _check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
+    check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
     _poison(adapter, INF)
     with pytest.raises(NumericsError, match="final adapter.*NaN/inf.*adapter.nonfinite"):
-        _check_saved_adapter(adapter, run_dir, 4)
+        check_saved_adapter(adapter, run_dir, 4)
     assert not adapter.exists() and (run_dir / "adapter.nonfinite" / "adapter_model.safetensors").is_file()
 
 
@@ -195,12 +195,12 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys, no_model_loa
 def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_path, no_model_load, fake_run):
     import shutil
 
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.train import train
 
     run_dir = fake_run(tmp_path / "run", 2)
     shutil.rmtree(run_dir / "adapter")  # killed after the last checkpoint, before the adapter was written
-    result = train(get_preset("cpu"), data="sample", output_dir=run_dir, resume=True, max_steps=2)
+    result = train(load_recipe("cpu"), data="sample", output_dir=run_dir, resume=True, overrides={"max_steps": 2})
     assert result.already_finished and result.steps == 2
     assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
         run_dir / "checkpoint-2" / "adapter_model.safetensors").read_bytes()
@@ -243,7 +243,7 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
 
     import grpo_kit.models as models
     from grpo_kit.guards import LOCK_NAME
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.train import train
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -259,7 +259,7 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
 
     monkeypatch.setattr(models, "load_model", stop_at_load)
     with pytest.raises(GrpoKitError, match="stop here"):
-        train(get_preset("cpu"), data="sample", output_dir=run_dir)
+        train(load_recipe("cpu"), data="sample", output_dir=run_dir)
     import os
 
     assert seen == [str(os.getpid())]
@@ -271,7 +271,7 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
 
 @pytest.mark.parametrize("missing", ["optimizer.pt", "scheduler.pt"])
 def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fake_checkpoint):
-    from grpo_kit.train import latest_checkpoint, resume_checkpoint
+    from grpo_kit.machinery.runs import latest_checkpoint, resume_checkpoint
 
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 3, skip=[missing])
@@ -282,7 +282,7 @@ def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fak
 
 
 def test_deepspeed_checkpoint_keeps_its_optimizer_in_global_step_folder(tmp_path, fake_checkpoint):
-    from grpo_kit.train import latest_checkpoint
+    from grpo_kit.machinery.runs import latest_checkpoint
 
     folder = fake_checkpoint(tmp_path, 5, skip=["optimizer.pt", "scheduler.pt"])
     (folder / "global_step5").mkdir()
@@ -290,7 +290,7 @@ def test_deepspeed_checkpoint_keeps_its_optimizer_in_global_step_folder(tmp_path
 
 
 def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(tmp_path, fake_checkpoint):
-    from grpo_kit.train import latest_checkpoint, resume_checkpoint
+    from grpo_kit.machinery.runs import latest_checkpoint, resume_checkpoint
 
     fake_checkpoint(tmp_path, 2)
     weights = fake_checkpoint(tmp_path, 3) / "adapter_model.safetensors"
@@ -365,10 +365,10 @@ def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tm
 
 
 def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
-    from grpo_kit.presets import get_preset
-    from grpo_kit.train import coerce_overrides, parse_overrides
+    from grpo_kit.recipes import load_recipe, parse_set
+    from grpo_kit.train import coerce_overrides
 
-    overrides = coerce_overrides(get_preset("cpu"), parse_overrides(
+    overrides = coerce_overrides(load_recipe("cpu"), parse_set(
         ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"]))
     assert overrides == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
                          "use_vllm": False}
@@ -393,7 +393,8 @@ def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(t
     assert "already finished: step 2 of 2" in capsys.readouterr().out
     assert snapshot(run_dir) == before  # no checkpoint-3, no metrics row, adapter untouched
     assert main([*base, "--resume", "--max-steps", "3"]) == 0
-    from grpo_kit.train import latest_checkpoint, read_metrics
+    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.machinery.runs import latest_checkpoint
 
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert latest_checkpoint(run_dir).name == "checkpoint-3"
@@ -411,9 +412,10 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
     from transformers import TrainerCallback
 
     from grpo_kit.guards import NumericsError
-    from grpo_kit.presets import get_preset
+    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS
-    from grpo_kit.train import read_metrics, train
+    from grpo_kit.train import train
 
     class OverflowLastUpdate(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -423,11 +425,11 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
 
     monkeypatch.setitem(REWARDS, "varied", varied)
     run_dir = tmp_path / "run"
-    preset = get_preset("cpu", model=str(tiny_model_dir), max_steps=2, num_generations=2, per_device_train_batch_size=2,
+    preset = load_recipe("cpu", model=str(tiny_model_dir), max_steps=2, num_generations=2, per_device_train_batch_size=2,
                         gradient_accumulation_steps=1, max_completion_length=8, save_steps=1, logging_steps=1,
                         few_shot=0)  # fmt: skip
     with pytest.raises(NumericsError, match="final adapter.*adapter.nonfinite") as info:
-        train(preset, data="arithmetic", output_dir=run_dir, rewards="varied", callbacks=(OverflowLastUpdate(),))
+        train(preset, data="arithmetic", output_dir=run_dir, overrides={"rewards": "varied"}, callbacks=(OverflowLastUpdate(),))
     assert info.value.step == 2 and info.value.metric == "adapter"
     assert not (run_dir / "adapter").exists() and (run_dir / "adapter.nonfinite").is_dir()
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.presets import LOSS_VARIANTS, get_preset, loss_variant_config
-from grpo_kit.train import build_grpo_config
+from grpo_kit.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs" / "accelerate"
@@ -40,51 +39,12 @@ def test_batch_rule_counts_the_launched_processes(monkeypatch):
     """T4 recipe (1 x 4 completions, G=4) on 4 GPUs with accumulation 1: 1 x 4 processes x 1 = one whole group."""
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     with pytest.raises(GrpoKitError, match="processes \\(1\\)"):
-        get_preset("t4-16gb", gradient_accumulation_steps=1)
+        load_recipe("t4-16gb", gradient_accumulation_steps=1)
     monkeypatch.setenv("WORLD_SIZE", "4")
-    assert get_preset("t4-16gb", gradient_accumulation_steps=1).gradient_accumulation_steps == 1
+    assert load_recipe("t4-16gb", gradient_accumulation_steps=1).gradient_accumulation_steps == 1
     monkeypatch.setenv("WORLD_SIZE", "3")
     with pytest.raises(GrpoKitError, match="processes \\(3\\)"):
-        get_preset("t4-16gb", gradient_accumulation_steps=1)
-
-
-# ------------------------------------------------------------------------------------------------ loss variants
-
-
-@pytest.mark.parametrize("name", list(LOSS_VARIANTS))
-def test_each_loss_variant_builds_a_trl_config_with_its_fields(name, tmp_path):
-    fields, explanation = LOSS_VARIANTS[name]
-    config = build_grpo_config(get_preset("cpu", loss_type=name), tmp_path, on_cpu=True)
-    for key, value in fields.items():
-        assert getattr(config, key) == value
-    assert explanation and "\n" not in explanation and len(explanation) < 240
-
-
-def test_gspo_is_grpo_with_sequence_level_ratios(tmp_path):
-    config = build_grpo_config(get_preset("cpu", loss_type="gspo"), tmp_path, on_cpu=True)
-    assert (config.loss_type, config.importance_sampling_level) == ("grpo", "sequence")
-    plain = build_grpo_config(get_preset("cpu", loss_type="grpo"), tmp_path, on_cpu=True)
-    assert plain.importance_sampling_level == "token"
-
-
-def test_overrides_win_over_a_variant_and_other_trl_loss_types_pass_through(tmp_path):
-    config = build_grpo_config(get_preset("cpu", loss_type="gspo"), tmp_path, {"epsilon": 0.01}, on_cpu=True)
-    assert config.epsilon == 0.01 and config.importance_sampling_level == "sequence"
-    assert loss_variant_config("cispo") == {"loss_type": "cispo"}
-    assert build_grpo_config(get_preset("cpu", loss_type="cispo"), tmp_path, on_cpu=True).loss_type == "cispo"
-    with pytest.raises(GrpoKitError, match="gspo"):  # TRL would only notice at the first loss computation
-        build_grpo_config(get_preset("cpu", loss_type="no_such_loss"), tmp_path, on_cpu=True)
-
-
-def test_cli_loss_type_accepts_every_variant_and_nothing_else(capsys):
-    from grpo_kit.cli import build_parser
-
-    parser = build_parser()
-    for name in LOSS_VARIANTS:
-        assert parser.parse_args(["train", "--loss-type", name]).loss_type == name
-    with pytest.raises(SystemExit):
-        parser.parse_args(["train", "--loss-type", "ppo"])
-    assert "gspo" in capsys.readouterr().err
+        load_recipe("t4-16gb", gradient_accumulation_steps=1)
 
 
 # ------------------------------------------------------------------------------------------------ 2 processes on CPU
@@ -114,7 +74,8 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     those weights are what the adapter file holds, training moved them, and the run files were written once."""
     from safetensors.torch import load_file
 
-    from grpo_kit.train import RANK_DIGEST_ENV, read_metrics, weights_digest
+    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.machinery.runs import RANK_DIGEST_ENV, weights_digest
 
     launcher = tmp_path / "launch_train.py"
     launcher.write_text(LAUNCHER)

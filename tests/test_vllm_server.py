@@ -18,7 +18,7 @@ import pytest
 
 from grpo_kit import models
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.presets import get_preset
+from grpo_kit.recipes import load_recipe
 from grpo_kit.train import build_grpo_config
 from grpo_kit.vllm_server import check_server, serve_command, server_url
 
@@ -39,12 +39,12 @@ MODEL = "unsloth/Meta-Llama-3.1-8B-Instruct"
 )
 def test_bad_server_and_backend_settings_are_refused_with_the_fix(changes, message):
     with pytest.raises(GrpoKitError, match=message):
-        get_preset("a100-80gb", **changes)
+        load_recipe("a100-80gb", **changes)
 
 
 def test_every_shipped_preset_colocates_and_picks_its_backend_automatically():
     for name in ("cpu", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"):
-        preset = get_preset(name)
+        preset = load_recipe(name)
         assert (preset.vllm_mode, preset.backend, preset.vllm_server_base_url) == ("colocate", "auto", "")
 
 
@@ -53,7 +53,7 @@ def test_every_shipped_preset_colocates_and_picks_its_backend_automatically():
 
 def _vllm_cpu_preset(**changes):
     """The cpu preset with vLLM switched on: GRPOConfig can be built on CPU for it (bf16/fp16 presets cannot)."""
-    return get_preset("cpu", use_vllm=True, **changes)
+    return load_recipe("cpu", use_vllm=True, **changes)
 
 
 def test_server_mode_reaches_grpo_config_with_the_servers_url(tmp_path):
@@ -87,18 +87,18 @@ def test_colocate_mode_leaves_the_server_url_alone(tmp_path):
     ],
 )
 def test_resolve_backend(backend, cuda, zero3, expected):
-    preset = get_preset("a100-80gb", backend=backend)
+    preset = load_recipe("a100-80gb", backend=backend)
     assert models.resolve_backend(preset, cuda=cuda, zero3=zero3) == expected
 
 
 def test_unsloth_under_zero3_is_refused_with_the_alternatives():
     with pytest.raises(GrpoKitError, match="backend=transformers"):
-        models.resolve_backend(get_preset("a100-80gb", backend="unsloth"), cuda=True, zero3=True)
+        models.resolve_backend(load_recipe("a100-80gb", backend="unsloth"), cuda=True, zero3=True)
 
 
 def test_unsloth_without_a_gpu_is_refused_before_importing_it():
     with pytest.raises(GrpoKitError, match="needs a CUDA GPU"):
-        models.load_model(get_preset("cpu", backend="unsloth"))
+        models.load_model(load_recipe("cpu", backend="unsloth"))
 
 
 def test_zero3_is_read_from_accelerates_environment():
@@ -107,14 +107,14 @@ def test_zero3_is_read_from_accelerates_environment():
 
 
 def test_transformers_kwargs_place_each_process_on_its_gpu_except_under_zero3(monkeypatch):
-    a100 = get_preset("a100-80gb")
+    a100 = load_recipe("a100-80gb")
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert models.transformers_load_kwargs(a100, cuda=True) == {"dtype": "bfloat16", "device_map": {"": 3}}
     assert models.transformers_load_kwargs(a100, cuda=True, zero3=True) == {"dtype": "bfloat16"}
 
 
 def test_transformers_kwargs_for_4bit_store_nf4_in_the_compute_dtype():
-    t4 = get_preset("t4-16gb")
+    t4 = load_recipe("t4-16gb")
     kwargs = models.transformers_load_kwargs(t4, cuda=True, zero3=True)
     assert kwargs["dtype"] == "float16"
     assert kwargs["quantization_config"] == {
@@ -152,18 +152,18 @@ def fake_gpu(monkeypatch):
 
 def test_unsloth_starts_its_own_vllm_only_when_colocated(fake_gpu):
     with pytest.raises(_Stop):
-        models.load_model(get_preset("a100-80gb"))
+        models.load_model(load_recipe("a100-80gb"))
     assert fake_gpu["from_pretrained"]["fast_inference"] is True
     assert fake_gpu["from_pretrained"]["gpu_memory_utilization"] == 0.4
     with pytest.raises(_Stop):
-        models.load_model(get_preset("a100-80gb", vllm_mode="server"))
+        models.load_model(load_recipe("a100-80gb", vllm_mode="server"))
     assert fake_gpu["from_pretrained"]["fast_inference"] is False  # the server generates: no second copy here
 
 
 def test_unsloth_loads_onto_the_launchers_local_rank(fake_gpu, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(_Stop):
-        models.load_model(get_preset("t4-16gb"))
+        models.load_model(load_recipe("t4-16gb"))
     assert fake_gpu["from_pretrained"]["device_map"] == {"": 1}
 
 
@@ -180,7 +180,7 @@ def test_zero3_launch_loads_with_transformers_and_lets_deepspeed_place_the_weigh
     monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     monkeypatch.setenv("LOCAL_RANK", "2")
     with pytest.raises(_Stop):
-        models.load_model(get_preset("a100-80gb"))
+        models.load_model(load_recipe("a100-80gb"))
     assert "from_pretrained" not in fake_gpu  # Unsloth was not used
     import torch
 
@@ -201,7 +201,7 @@ def test_transformers_backend_builds_a_bitsandbytes_config_for_4bit(fake_gpu, mo
 
     monkeypatch.setattr(models, "_from_pretrained", record)
     with pytest.raises(_Stop):
-        models.load_model(get_preset("t4-16gb", backend="transformers"))
+        models.load_model(load_recipe("t4-16gb", backend="transformers"))
     import torch
     from transformers import BitsAndBytesConfig
 
@@ -213,7 +213,7 @@ def test_transformers_backend_builds_a_bitsandbytes_config_for_4bit(fake_gpu, mo
 
 def test_gpu_presets_without_a_gpu_say_what_to_do():
     with pytest.raises(GrpoKitError, match="--preset cpu"):
-        models.load_model(get_preset("a100-80gb", vllm_mode="server"))
+        models.load_model(load_recipe("a100-80gb", vllm_mode="server"))
 
 
 # ------------------------------------------------------------------------------------------------ the server check
@@ -262,7 +262,7 @@ def _closed_port_url() -> str:
 def test_check_server_accepts_a_server_for_the_trained_model():
     server = _FakeServer([MODEL]).start()
     try:
-        preset = get_preset("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
+        preset = load_recipe("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
         assert check_server(preset, wait=5) == server.url
         # A local copy of the same model is the same model.
         assert check_server(preset, model="/data/Meta-Llama-3.1-8B-Instruct", wait=5) == server.url
@@ -273,7 +273,7 @@ def test_check_server_accepts_a_server_for_the_trained_model():
 def test_check_server_refuses_a_server_holding_another_model():
     server = _FakeServer(["Qwen/Qwen2.5-7B-Instruct"]).start()
     try:
-        preset = get_preset("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
+        preset = load_recipe("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
         with pytest.raises(GrpoKitError, match=f"serves Qwen/Qwen2.5-7B-Instruct, but this run trains {MODEL}"):
             check_server(preset, wait=5)
     finally:
@@ -283,7 +283,7 @@ def test_check_server_refuses_a_server_holding_another_model():
 def test_check_server_warns_when_the_server_does_not_list_its_model():
     server = _FakeServer(None).start()
     try:
-        preset = get_preset("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
+        preset = load_recipe("a100-80gb", vllm_mode="server", vllm_server_base_url=server.url)
         with pytest.warns(UserWarning, match="did not list its model"):
             assert check_server(preset, wait=5) == server.url
     finally:
@@ -292,7 +292,7 @@ def test_check_server_warns_when_the_server_does_not_list_its_model():
 
 def test_no_server_is_reported_with_the_command_that_starts_one():
     url = _closed_port_url()
-    preset = get_preset("a100-80gb", vllm_mode="server", vllm_server_base_url=url)
+    preset = load_recipe("a100-80gb", vllm_mode="server", vllm_server_base_url=url)
     with pytest.raises(GrpoKitError) as error:
         check_server(preset, wait=0)
     message = str(error.value)
@@ -302,7 +302,7 @@ def test_no_server_is_reported_with_the_command_that_starts_one():
 
 def test_check_server_waits_for_a_server_that_is_still_starting():
     url = _closed_port_url()
-    preset = get_preset("a100-80gb", vllm_mode="server", vllm_server_base_url=url)
+    preset = load_recipe("a100-80gb", vllm_mode="server", vllm_server_base_url=url)
     started = []
 
     def start_later():
@@ -319,7 +319,7 @@ def test_check_server_waits_for_a_server_that_is_still_starting():
 
 
 def test_serve_command_and_url_follow_the_preset():
-    preset = get_preset("l4-24gb", vllm_mode="server", vllm_server_base_url="http://gpu-box:9000")
+    preset = load_recipe("l4-24gb", vllm_mode="server", vllm_server_base_url="http://gpu-box:9000")
     assert server_url(preset) == "http://gpu-box:9000"
     command = serve_command(preset, gpu="2", model="my/model")
     assert command[:5] == ["CUDA_VISIBLE_DEVICES=2", "trl", "vllm-serve", "--model", "my/model"]

@@ -55,14 +55,14 @@ def test_table_printed_every_n_steps(step, printed):
 
 
 def test_train_shows_completions(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from grpo_kit.presets import get_preset
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS
     from grpo_kit.train import train
 
     monkeypatch.setitem(REWARDS, "toy_length", length)
-    preset = get_preset("cpu", model=str(tiny_model_dir), max_steps=1, num_generations=2, per_device_train_batch_size=2,
+    preset = load_recipe("cpu", model=str(tiny_model_dir), max_steps=1, num_generations=2, per_device_train_batch_size=2,
                         gradient_accumulation_steps=1, max_completion_length=8, save_steps=1, few_shot=0)
-    train(preset, data="arithmetic", output_dir=tmp_path / "run", rewards="toy_length", show_completions=1)
+    train(preset, data="arithmetic", output_dir=tmp_path / "run", overrides={"rewards": "toy_length"}, show_completions=1)
     out = capsys.readouterr().out
     assert "step 1: sampled completions and their rewards" in out
     assert "length=" in out and "format_rate=" in out
