@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import time
 
 import pytest
 
-from grpo_kit import answers
 from grpo_kit.answers import (
     MAX_DIGITS,
     MAX_SCAN_CHARS,
@@ -16,10 +14,6 @@ from grpo_kit.answers import (
     extract_tagged_answer,
     normalize_number,
 )
-
-
-def test_doctests_hold():
-    assert doctest.testmod(answers).failed == 0
 
 
 @pytest.mark.parametrize(

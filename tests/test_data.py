@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import doctest
 import json
 import re
 from fractions import Fraction
@@ -26,10 +25,6 @@ from grpo_kit.data import (
 from grpo_kit.errors import GrpoKitError
 
 GOOD = "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"
-
-
-def test_doctests_hold():
-    assert doctest.testmod(data).failed == 0
 
 
 # ------------------------------------------------------------------------------------------------ gold parsing

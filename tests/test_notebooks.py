@@ -581,13 +581,6 @@ def test_plots_draw_without_a_display(tmp_path):
     plt.close("all")
 
 
-def test_docstring_examples_hold():
-    import doctest
-
-    failures, tried = doctest.testmod(nbk, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert tried >= 4 and failures == 0
-
-
 def test_strip_notebook_removes_outputs_and_counts(tmp_path):
     path = tmp_path / "run.ipynb"
     shutil.copy(NOTEBOOK_DIR / NOTEBOOKS[1], path)
