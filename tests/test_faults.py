@@ -467,12 +467,6 @@ def _set_aside(path: Path) -> Path:
     return Path(re.sub(r"/(checkpoint-\d+)/", r"/damaged-\1/", str(path)))
 
 
-def test_suite_has_at_least_fifty_cases_in_every_area():
-    areas = {case.area for case in CASES}
-    assert len(CASES) >= 50 and areas == {"data", "settings", "resume", "export", "eval"}
-    assert len({case.id for case in CASES}) == len(CASES)
-
-
 def test_troubleshooting_table_lists_every_case():
     text = (Path(__file__).resolve().parents[1] / "docs" / "TROUBLESHOOTING.md").read_text(encoding="utf-8")
     listed = set(re.findall(r"^\| `([a-z0-9-]+)` \|", text, flags=re.MULTILINE))
@@ -510,14 +504,3 @@ def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     assert len(data.load_gsm8k("gsm8k", "train")) == 1
     assert seen == [(True, True)] and datasets.config.HF_HUB_OFFLINE is False  # restored afterwards
-
-
-def test_all_prompts_too_long_names_the_setting(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.errors import GrpoKitError
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    with pytest.raises(GrpoKitError, match=r"--set max_prompt_length=\d+.*--set few_shot=0"):
-        format_for_grpo(load_gsm8k("sample", "test"), tokenizer, max_prompt_tokens=5)
