@@ -3,7 +3,8 @@
 Each case goes through ``grpo-kit train``/``eval`` (``cli.main``) as a user would meet it and expects exit status 2,
 a short message that names the problem and the fix, no traceback, and, for everything that can be known in
 advance, no model loaded. Loader-level cases (every kind of bad row, lenient counting, duplicates, Parquet) live in
-tests/test_data.py; these tests check that they reach the user the same way through the CLI and ``train()``.
+tests/test_data.py, and the table of single faults met through the CLI in tests/test_faults.py; these tests
+check what those do not: every bad row through ``train``, ``--lenient``, too little data, planner warnings, offline.
 """
 
 from __future__ import annotations
@@ -87,15 +88,6 @@ def test_lenient_train_skips_and_counts_bad_rows(tmp_path, monkeypatch):
     assert "line 5" in str(caught[0].message)
 
 
-def test_empty_and_wrong_type_files(tmp_path, capsys, no_model_load):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_bytes(b"")
-    assert "is empty" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(empty)])
-    text = tmp_path / "train.txt"
-    text.write_text("question,answer\nQ?,1\n")
-    assert "unsupported file type '.txt'" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(text)])
-
-
 def test_windows_files_with_bom_and_crlf_load(tmp_path):
     path = tmp_path / "excel.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD + b"\r\n" + GOOD.replace(b"Tom", b"Ann") + b"\r\n")
@@ -162,26 +154,6 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
 # ------------------------------------------------------------------------------------------------ bad settings
 
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["--preset", "no-such-tier"], ["no-such-tier", "cpu, t4-16gb, l4-24gb", "auto"]),
-        (["--preset", "cpu", "--rewards", "correctnes,format"], ["'correctnes'", "correctness", "format", "tag_count"]),
-        (["--preset", "cpu", "--rewards", "correctness:two"], ["Bad weight", "correctness:2"]),
-        (["--preset", "cpu", "--num-generations", "3"], ["num_generations (3)", "Fix:", "multiple of 3"]),
-        (["--preset", "cpu", "--set", "learnin_rate=0.1"], ["learnin_rate", "did you mean learning_rate"]),
-        (["--preset", "cpu", "--set", "beta"], ["KEY=VALUE"]),
-        (["--preset", "t4-16gb"], ["needs a CUDA GPU", "--preset cpu", "T4 GPU"]),
-        (["--preset", "cpu", "--set", "precision=fp16"], ["needs a CUDA GPU", "fp16"]),
-    ],
-)
-def test_bad_settings_are_explained_before_any_model_loads(tmp_path, capsys, no_model_load, argv, expected):
-    err = _cli_error(capsys, ["train", *argv, "--data", "sample", "--output", str(tmp_path / "run")])
-    for text in expected:
-        assert text in err, (text, err)
-    assert not (tmp_path / "run").exists()
-
-
 def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_load):
     import grpo_kit.runtime as runtime
 
@@ -200,15 +172,6 @@ def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, n
             train(get_preset("a100-80gb"), data="sample", output_dir=tmp_path / "run")
     message = str(caught[0].message)
     assert "needs about" in message and "7.8 GiB" in message and "Try:" in message and "smaller preset" in message
-
-
-def test_model_folder_that_is_not_a_model(tmp_path, capsys):
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "readme.txt").write_text("not a model")
-    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "notes"), "--data", "sample", "--limit", "1"])
-    assert "as a model" in err and "config.json" in err and "--model embedded" in err
-    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "missing"), "--data", "sample", "--limit", "1"])
-    assert "No model folder at" in err and "--model embedded" in err
 
 
 # ------------------------------------------------------------------------------------------------ offline
