@@ -60,14 +60,6 @@ def test_excluded_calculations_do_not_come_back():
 # ------------------------------------------------------------------------------------------------ preset wiring
 
 
-def test_cpu_answers_trains_several_questions_per_step_on_correctness():
-    preset = get_preset("cpu-answers")
-    cpu = get_preset("cpu")
-    assert preset.prompts_per_step > cpu.prompts_per_step
-    assert [name for name, _ in preset.rewards] == ["correctness"]
-    assert (preset.model, preset.few_shot, preset.prefill) == (cpu.model, cpu.few_shot, cpu.prefill)
-
-
 @pytest.mark.slow
 def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir, tmp_path):
     from grpo_kit.train import read_metrics, train
