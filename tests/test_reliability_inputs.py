@@ -122,15 +122,6 @@ def test_long_prompts_dropped_are_counted(tmp_path):
         check_dataset_size(0, config, source="big.jsonl", filtered=7, max_prompt_tokens=512)
 
 
-def test_dataset_smaller_than_a_generation_batch_stops_before_the_model(tmp_path, capsys, no_model_load):
-    # Without the check TRL's sampler drops the incomplete batch, trains 0 steps and saves an untrained adapter.
-    path = _jsonl(tmp_path / "one.jsonl", [GOOD])
-    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"),
-                              "--num-generations", "2", "--set", "per_device_train_batch_size=4"])  # fmt: skip
-    assert "has 1 usable prompt(s)" in err and "needs 2 distinct prompts" in err
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.slow
 def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_model_dir, tmp_path, monkeypatch):
     import trl
@@ -187,11 +178,6 @@ def empty_hub_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert datasets.config.HF_HUB_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
-
-
-def test_offline_train_on_gsm8k_says_how_to_use_local_data(tmp_path, capsys, empty_hub_cache, no_model_load):
-    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", "gsm8k", "--output", str(tmp_path / "run")])
-    assert "openai/gsm8k" in err and "--data sample" in err and ".jsonl" in err
 
 
 def test_offline_eval_of_a_hub_model_says_how_to_use_the_embedded_one(capsys, empty_hub_cache):
