@@ -53,11 +53,10 @@ def test_batch_rule_counts_the_launched_processes(monkeypatch):
 
 @pytest.mark.parametrize("name", list(LOSS_VARIANTS))
 def test_each_loss_variant_builds_a_trl_config_with_its_fields(name, tmp_path):
-    fields, explanation = LOSS_VARIANTS[name]
+    fields, _ = LOSS_VARIANTS[name]
     config = build_grpo_config(get_preset("cpu", loss_type=name), tmp_path, on_cpu=True)
     for key, value in fields.items():
         assert getattr(config, key) == value
-    assert explanation and "\n" not in explanation and len(explanation) < 240
 
 
 def test_gspo_is_grpo_with_sequence_level_ratios(tmp_path):
