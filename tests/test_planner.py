@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import doctest
 import json
 
 import pytest
 
-import grpo_kit.planner as planner
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.models import EMBEDDED_ID
 from grpo_kit.planner import (
@@ -221,7 +219,3 @@ def test_transformers_backend_counts_a_second_copy_of_the_weights_for_vllm():
     unsloth = estimate_vram(load_recipe("a100-80gb"))
     plain = estimate_vram(load_recipe("a100-80gb", backend="transformers"))
     assert plain.vllm_gib == pytest.approx(unsloth.vllm_gib + unsloth.weights_gib, abs=0.01)
-
-
-def test_docstring_examples_run():
-    assert doctest.testmod(planner).failed == 0

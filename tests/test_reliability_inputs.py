@@ -3,7 +3,8 @@
 Each case goes through ``grpo-kit train``/``eval`` (``cli.main``) as a user would meet it and expects exit status 2,
 a short message that names the problem and the fix, no traceback, and, for everything that can be known in
 advance, no model loaded. Loader-level cases (every kind of bad row, lenient counting, duplicates, Parquet) live in
-tests/test_data.py; these tests check that they reach the user the same way through the CLI and ``train()``.
+tests/test_data.py, and the table of single faults met through the CLI in tests/test_faults.py; these tests
+check what those do not: every bad row through ``train``, ``--lenient``, too little data, planner warnings, offline.
 """
 
 from __future__ import annotations
@@ -87,15 +88,6 @@ def test_lenient_train_skips_and_counts_bad_rows(tmp_path, monkeypatch):
     assert "line 5" in str(caught[0].message)
 
 
-def test_empty_and_wrong_type_files(tmp_path, capsys, no_model_load):
-    empty = tmp_path / "empty.jsonl"
-    empty.write_bytes(b"")
-    assert "is empty" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(empty)])
-    text = tmp_path / "train.txt"
-    text.write_text("question,answer\nQ?,1\n")
-    assert "unsupported file type '.txt'" in _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(text)])
-
-
 def test_windows_files_with_bom_and_crlf_load(tmp_path):
     path = tmp_path / "excel.jsonl"
     path.write_bytes(b"\xef\xbb\xbf" + GOOD + b"\r\n" + GOOD.replace(b"Tom", b"Ann") + b"\r\n")
@@ -130,15 +122,6 @@ def test_long_prompts_dropped_are_counted(tmp_path):
         check_dataset_size(0, config, source="big.jsonl", filtered=7, max_prompt_tokens=512)
 
 
-def test_dataset_smaller_than_a_generation_batch_stops_before_the_model(tmp_path, capsys, no_model_load):
-    # Without the check TRL's sampler drops the incomplete batch, trains 0 steps and saves an untrained adapter.
-    path = _jsonl(tmp_path / "one.jsonl", [GOOD])
-    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"),
-                              "--num-generations", "2", "--set", "per_device_train_batch_size=4"])  # fmt: skip
-    assert "has 1 usable prompt(s)" in err and "needs 2 distinct prompts" in err
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.slow
 def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_model_dir, tmp_path, monkeypatch):
     import trl
@@ -162,26 +145,6 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
 # ------------------------------------------------------------------------------------------------ bad settings
 
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["--preset", "no-such-tier"], ["no-such-tier", "cpu, t4-16gb, l4-24gb", "auto"]),
-        (["--preset", "cpu", "--rewards", "correctnes,format"], ["'correctnes'", "correctness", "format", "tag_count"]),
-        (["--preset", "cpu", "--rewards", "correctness:two"], ["Bad weight", "correctness:2"]),
-        (["--preset", "cpu", "--num-generations", "3"], ["num_generations (3)", "Fix:", "multiple of 3"]),
-        (["--preset", "cpu", "--set", "learnin_rate=0.1"], ["learnin_rate", "did you mean learning_rate"]),
-        (["--preset", "cpu", "--set", "beta"], ["KEY=VALUE"]),
-        (["--preset", "t4-16gb"], ["needs a CUDA GPU", "--preset cpu", "T4 GPU"]),
-        (["--preset", "cpu", "--set", "precision=fp16"], ["needs a CUDA GPU", "fp16"]),
-    ],
-)
-def test_bad_settings_are_explained_before_any_model_loads(tmp_path, capsys, no_model_load, argv, expected):
-    err = _cli_error(capsys, ["train", *argv, "--data", "sample", "--output", str(tmp_path / "run")])
-    for text in expected:
-        assert text in err, (text, err)
-    assert not (tmp_path / "run").exists()
-
-
 def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_load):
     import grpo_kit.runtime as runtime
 
@@ -202,15 +165,6 @@ def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, n
     assert "needs about" in message and "7.8 GiB" in message and "Try:" in message and "smaller preset" in message
 
 
-def test_model_folder_that_is_not_a_model(tmp_path, capsys):
-    (tmp_path / "notes").mkdir()
-    (tmp_path / "notes" / "readme.txt").write_text("not a model")
-    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "notes"), "--data", "sample", "--limit", "1"])
-    assert "as a model" in err and "config.json" in err and "--model embedded" in err
-    err = _cli_error(capsys, ["eval", "--model", str(tmp_path / "missing"), "--data", "sample", "--limit", "1"])
-    assert "No model folder at" in err and "--model embedded" in err
-
-
 # ------------------------------------------------------------------------------------------------ offline
 
 
@@ -224,11 +178,6 @@ def empty_hub_cache(monkeypatch, tmp_path):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     assert datasets.config.HF_HUB_OFFLINE and huggingface_hub.constants.HF_HUB_OFFLINE
-
-
-def test_offline_train_on_gsm8k_says_how_to_use_local_data(tmp_path, capsys, empty_hub_cache, no_model_load):
-    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", "gsm8k", "--output", str(tmp_path / "run")])
-    assert "openai/gsm8k" in err and "--data sample" in err and ".jsonl" in err
 
 
 def test_offline_eval_of_a_hub_model_says_how_to_use_the_embedded_one(capsys, empty_hub_cache):
@@ -259,9 +208,8 @@ def test_embedded_model_and_bundled_sample_need_no_network(embedded_dir, no_netw
     from grpo_kit.data import build_messages, render_prompt
     from grpo_kit.models import load_inference_model
 
-    train_rows, test_rows = load_gsm8k("sample", "train"), load_gsm8k("sample", "test")
-    assert len(train_rows) == 50 and len(test_rows) == 22
-    assert len(load_gsm8k("arithmetic", "train")) == 256
+    test_rows = load_gsm8k("sample", "test")  # the refused sockets would raise on any download
+    assert len(load_gsm8k("sample", "train")) and len(test_rows) and len(load_gsm8k("arithmetic", "train"))
     model, tokenizer = load_inference_model("embedded")
     ids = tokenizer(render_prompt(build_messages(test_rows[0]["question"]), tokenizer), return_tensors="pt")
     with torch.no_grad():

@@ -26,15 +26,15 @@ GLIBC = (2, 35)  # Colab runs Ubuntu 22.04
 LEGACY_ALIASES = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
 PLATFORMS = [tag for minor in range(GLIBC[1], 4, -1)
              for tag in (f"manylinux_2_{minor}_x86_64", LEGACY_ALIASES.get(minor)) if tag] + ["linux_x86_64"]
-PINNED = {
-    "torch": "2.11.0",
-    "vllm": "0.26.0",
-    "unsloth": "2026.10.7",
-    "trl": "1.15.0",
-    "transformers": "5.17.0",
-    "peft": "0.21.2",
-    "bitsandbytes": "0.50.2",
-}
+PYPROJECT = REQUIREMENTS.with_name("pyproject.toml")
+
+
+def _file_pins() -> dict[str, str]:
+    """``{project: version}`` of every ``name==version`` line of requirements-colab.txt."""
+    from grpo_kit.colab_install import read_requirements, requirement_name
+
+    return {requirement_name(line): line.split("==", 1)[1] for line in read_requirements(REQUIREMENTS)
+            if "==" in line and ";" not in line}
 
 
 def _pypi_reachable(timeout: float = 5.0) -> bool:
@@ -74,22 +74,32 @@ def resolved(request, tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.mark.network
-def test_requirements_colab_resolves_with_the_pinned_stack(resolved):
-    for name, version in PINNED.items():
-        assert resolved.get(name) == version, f"{name}: resolved {resolved.get(name)}, pinned {version}"
+def test_requirements_colab_resolves(resolved):
+    """pip finds one consistent set for Colab (``_resolve`` asserts that), and it holds what Unsloth and vLLM pull in."""
     for name in ("unsloth-zoo", "datasets", "accelerate", "math-verify", "gguf", "xformers", "torchvision"):
         assert name in resolved, f"{name} is missing from the resolved set"
-    assert resolved["datasets"].startswith("4.8.")
 
 
-def test_requirements_file_pins_what_vllm_pins():
-    """vLLM pins torch exactly; the file must pin the same torch (checked offline against the file's comments)."""
-    lines = [line.split("#")[0].strip() for line in REQUIREMENTS.read_text().splitlines()]
-    pins = dict(line.split("==", 1) for line in lines if "==" in line and ";" not in line)
-    assert pins["torch"] == PINNED["torch"] and pins["vllm"] == PINNED["vllm"]
-    assert pins["unsloth"] == pins["unsloth_zoo"]
-    header = REQUIREMENTS.read_text().split("\n\n", 1)[0]
-    assert "restart" in header.lower() and "before" in header.lower()
+def test_requirements_file_agrees_with_pyproject_and_the_install_plan():
+    """One stack, written in three places: the file's pins, pyproject.toml's pins, and the vLLM line that
+    grpo_kit.colab_install picks for the file's torch on CUDA 13 (vLLM pins torch exactly)."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
+
+    pins = _file_pins()
+    project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["dependencies"]
+    for requirement in map(Requirement, project):
+        name = requirement.name.lower().replace("_", "-")
+        exact = [spec.version for spec in requirement.specifier if spec.operator == "=="]
+        if exact:
+            assert pins.get(name) == exact[0], f"{name}: pyproject.toml pins {exact[0]}, the file {pins.get(name)}"
+        elif name in pins:
+            assert requirement.specifier.contains(pins[name]), f"{name}=={pins[name]} is outside {requirement}"
+    runtime = Runtime(torch=f"{pins['torch']}+cu130", cuda="13.0", capability=(8, 0))
+    assert plan_install(runtime, read_requirements(REQUIREMENTS), "repo").vllm == pins["vllm"]
+    assert pins["unsloth"] == pins["unsloth-zoo"]  # released together
 
 
 def test_platforms_are_the_ones_pip_uses(monkeypatch):
@@ -118,5 +128,6 @@ def test_each_colab_plan_resolves(tmp_path, torch, cuda, vllm):
     assert plan.vllm == vllm
     found = _resolve(list(plan.requirements), tmp_path / "report.json")
     assert found["torch"] == torch and found.get("vllm") == vllm
+    pins = _file_pins()
     for name in ("unsloth", "trl", "transformers", "peft", "bitsandbytes"):
-        assert found[name] == PINNED[name]
+        assert found[name] == pins[name]

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import doctest
 import math
 import pickle
 import re
 
 import pytest
 
-from grpo_kit import rewards
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import (
     DEFAULT_REWARD_SPEC,
@@ -41,10 +39,6 @@ def run(name, completion, answer=GOLD, prefill=None):
     scores = REWARDS[name](completions=[completion], **kwargs)
     assert isinstance(scores, list) and len(scores) == 1 and isinstance(scores[0], float)
     return scores[0]
-
-
-def test_doctests_hold():
-    assert doctest.testmod(rewards).failed == 0
 
 
 # ----------------------------------------------------------------------------------------------- correctness
@@ -163,9 +157,6 @@ def test_wrong_empty_missing_and_absurd_score_strictly_lower_than_correct(bad):
 # ----------------------------------------------------------------------------------------------- format (soft)
 
 
-UNSLOTH_SOFT_REGEX = r"<think>.*?</think>\s*<answer>.*?</answer>"  # the 2025 pattern, renamed tags, no DOTALL
-
-
 @pytest.mark.parametrize(
     ("completion", "expected"),
     [
@@ -191,10 +182,9 @@ def test_format(completion, expected):
     assert run("format", completion) == expected
 
 
-def test_format_matches_multi_line_reasoning_that_the_copied_regex_misses():
+def test_format_matches_multi_line_reasoning():
+    # The widely copied Unsloth pattern r"<think>.*?</think>\s*<answer>.*?</answer>" has no DOTALL and misses this.
     multi_line = "<think>\nstep 1\nstep 2\n</think>\n<answer>\n7\n</answer>"
-    assert re.match(UNSLOTH_SOFT_REGEX, multi_line) is None  # the widely copied bug (no DOTALL)
-    assert re.match(UNSLOTH_SOFT_REGEX, multi_line, re.DOTALL) is not None
     assert run("format", multi_line) == 0.5
     assert run("strict_format", multi_line) == 0.5
 

@@ -42,12 +42,6 @@ def test_bad_server_and_backend_settings_are_refused_with_the_fix(changes, messa
         load_recipe("a100-80gb", **changes)
 
 
-def test_every_shipped_preset_colocates_and_picks_its_backend_automatically():
-    for name in ("cpu", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"):
-        preset = load_recipe(name)
-        assert (preset.vllm_mode, preset.backend, preset.vllm_server_base_url) == ("colocate", "auto", "")
-
-
 # ------------------------------------------------------------------------------------------------ GRPOConfig
 
 
