@@ -86,8 +86,10 @@ def hf_sampler(
         import torch
         from tqdm.auto import tqdm
 
+        from grpo_kit.evaluate import stop_token_ids
+
         torch.manual_seed(seed)
-        stops = _stop_ids(model, tokenizer)
+        stops = stop_token_ids(model, tokenizer)
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
         device = next(model.parameters()).device
         texts = [render_prompt_text(p, tokenizer) for p in prompts]
@@ -109,16 +111,6 @@ def hf_sampler(
         return results
 
     return sample
-
-
-def _stop_ids(model, tokenizer) -> list[int]:
-    ids: list[int] = []
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (config_eos, tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
-    return ids
 
 
 def score_with_model(

@@ -55,6 +55,14 @@ def test_majority_vote_normalizes_numbers():
     assert majority_vote([None, None]) is None
 
 
+def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    assert evaluate_module.stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert evaluate_module.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
+
+
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
     """Scoring wiring without model noise: generation replaced by fixed completions (one right, one wrong, one untagged)."""
     golds = list(questions["answer"])
