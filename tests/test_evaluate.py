@@ -63,6 +63,28 @@ def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each
     assert evaluate_module.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
 
 
+@pytest.fixture
+def with_model_defaults(tiny):
+    """Give the tiny model decoding defaults of its own, as Hub models ship them (restored afterwards)."""
+    config = tiny[0].generation_config
+    saved = (config.repetition_penalty, config.no_repeat_ngram_size, config.top_k)
+
+    def apply():
+        config.repetition_penalty, config.no_repeat_ngram_size, config.top_k = 50.0, 1, 3
+
+    yield apply
+    config.repetition_penalty, config.no_repeat_ngram_size, config.top_k = saved
+
+
+def test_generate_hf_ignores_the_models_own_decoding_defaults(tiny, with_model_defaults):
+    """transformers fills unset decoding settings from model.generation_config; the protocol must not move with it."""
+    model, tokenizer = tiny
+    prompts = evaluate_module.build_prompts(["What is 2 + 3?", "Name a fruit."], tokenizer)
+    plain = evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
+    with_model_defaults()
+    assert evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
+
+
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
     """Scoring wiring without model noise: generation replaced by fixed completions (one right, one wrong, one untagged)."""
     golds = list(questions["answer"])
