@@ -171,10 +171,12 @@ def safe_name(name: str) -> str:
 
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
+    from grpo_kit.folders import checkpoint_step
+
     adapter_dir = adapter_dir.resolve()
     if adapter_dir.name == "adapter":
         return safe_name(adapter_dir.parent.name)
-    if adapter_dir.name.startswith("checkpoint-"):
+    if checkpoint_step(adapter_dir) is not None:
         return safe_name(f"{adapter_dir.parent.name}-{adapter_dir.name}")
     return safe_name(adapter_dir.name)
 

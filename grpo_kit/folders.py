@@ -1,4 +1,4 @@
-"""Files and folders written in one piece.
+"""Files and folders written in one piece, and the names of the Trainer's checkpoint folders.
 
 A run, an export or a cached model folder either appears complete under its final name or not at all: it is
 written into a hidden staging folder next to the target and renamed into place (a rename within one folder is
@@ -9,8 +9,12 @@ replacement is complete.
   without an error, removed when it raises.
 - ``atomic_write_text(path, text)``: the same for one file.
 - ``set_aside(folder)``: rename a folder to ``<folder>.old-<time>`` instead of deleting it.
+- ``checkpoint_step(folder)`` / ``checkpoints(run_dir)``: the step of a Trainer ``checkpoint-N`` folder.
 - ``staging_prefix(name)`` / ``remove_stale_staging(out_dir, name)``: staging names that tell a live writer from a
   killed one, and the clean-up of the killed ones.
+
+>>> checkpoint_step("runs/x/checkpoint-40"), checkpoint_step("runs/x/adapter"), checkpoint_step("damaged-checkpoint-3")
+(40, None, None)
 """
 
 from __future__ import annotations
@@ -98,6 +102,21 @@ def set_aside(folder: str | os.PathLike) -> Path | None:
         suffix += 1
     os.rename(folder, target)
     return target
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int | None:
+    """N of a Trainer ``checkpoint-N`` folder (by its name), else None."""
+    prefix, _, number = Path(folder).name.partition("-")
+    return int(number) if prefix == "checkpoint" and number.isdigit() else None
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``checkpoint-N`` folder in ``run_dir``, newest first."""
+    found = [(checkpoint_step(folder), folder) for folder in Path(run_dir).glob("checkpoint-*") if folder.is_dir()]
+    return sorted(((step, folder) for step, folder in found if step is not None), reverse=True)
 
 
 # --------------------------------------------------------------------------------------------- stale staging

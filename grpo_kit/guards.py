@@ -276,14 +276,6 @@ def oom_message(step: int, error: BaseException, run_dir: str | os.PathLike | No
 # --------------------------------------------------------------------------------------------- data size
 
 
-def prompts_per_step(config) -> int:
-    """Distinct prompts one optimizer step draws: TRL's generation batch split into groups of ``num_generations``.
-
-    TRL's ``RepeatSampler`` drops an incomplete batch of prompts, so a dataset smaller than this yields no step.
-    """
-    return config.generation_batch_size // config.num_generations
-
-
 def check_dataset_size(
     n_prompts: int,
     config,
@@ -294,9 +286,11 @@ def check_dataset_size(
 ) -> None:
     """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
 
-    ``config`` is the run's ``GRPOConfig`` (``generation_batch_size``, ``num_generations`` are read from it).
+    ``config`` is the run's ``GRPOConfig``. The prompts one step needs are counted from it rather than from the
+    recipe's ``prompts_per_step``: TRL's generation batch also spans every process (and may be set directly), and
+    its ``RepeatSampler`` drops an incomplete batch, so fewer prompts than this yield no step at all.
     """
-    needed = prompts_per_step(config)
+    needed = config.generation_batch_size // config.num_generations
     dropped = ""
     if filtered:
         dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"

@@ -85,3 +85,12 @@ def test_atomic_write_text_keeps_the_old_file_when_writing_fails(tmp_path, monke
     with pytest.raises(OSError):
         atomic_write_text(path, "new\n")
     assert [p.name for p in tmp_path.iterdir()] == ["scores.jsonl"] and path.read_text() == "old\n"
+
+
+def test_checkpoints_are_the_numbered_trainer_folders_newest_first(tmp_path):
+    for name in ("checkpoint-9", "checkpoint-10", "damaged-checkpoint-12", "checkpoint-x", "adapter"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
+    assert [(step, folder.name) for step, folder in folders.checkpoints(tmp_path)] == [
+        (10, "checkpoint-10"), (9, "checkpoint-9")
+    ]
