@@ -113,25 +113,29 @@ def rows_path(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------------------------------- scoring
 
 
-def score_completion(completion: str, gold: str, prefill: str = "") -> dict:
-    """Score one completion under both protocols; the prefill is part of the answer text.
+def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
+    """One completion under both protocols; the prefill is part of the answer text.
 
-    >>> s = score_completion("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
+    Strict correctness and the format are the training rewards' verdicts (``rewards.score_completions``), so
+    "strict" here means exactly what the ``correctness`` reward paid; lenient reads the last number in the text.
+
+    >>> s = _score_row("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
     >>> s["correct_strict"], s["correct_lenient"], s["in_format"]
     (True, True, True)
-    >>> score_completion("so the answer is 7.", "7")["correct_strict"]
+    >>> _score_row("so the answer is 7.", "7")["correct_strict"]
     False
     """
-    from grpo_kit.rewards import REWARDS
+    from grpo_kit.rewards import score_completions
 
+    scores = score_completions([completion], gold, ["correctness", "format"], prefill)[0]
     text = prefill + completion
-    strict, lenient = extract_tagged_answer(text), extract_last_number(text)
+    lenient = extract_last_number(text)
     return {
-        "extracted_strict": strict,
+        "extracted_strict": extract_tagged_answer(text),
         "extracted_lenient": lenient,
-        "correct_strict": answers_match(strict, gold),
+        "correct_strict": scores["correctness"] > 0,
         "correct_lenient": answers_match(lenient, gold),
-        "in_format": REWARDS["format"]([completion], prefill=[prefill])[0] > 0,
+        "in_format": scores["format"] > 0,
     }
 
 
@@ -373,7 +377,7 @@ def evaluate(
     for i, (question, gold) in enumerate(zip(questions, golds, strict=True)):
         completion, n_tokens = greedy[i][0]
         row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens}
-        row.update(score_completion(completion, gold, prefill))
+        row.update(_score_row(completion, gold, prefill))
         if maj_k:
             texts = [prefill + text for text, _ in samples[i]]
             vote_strict = majority_vote([extract_tagged_answer(t) for t in texts])
