@@ -734,7 +734,7 @@ def export(
                 _write_lora(adapter_dir, tokenizer, staging / "lora")
                 results.append(_verify_lora(staging / "lora", base_path, reference))
             if "gguf" in wanted or "merged16" in wanted:
-                merged = merge_adapter(model)
+                merged = model.merge_and_unload()  # PEFT folds the LoRA into the float32 base, in place
                 files = []
                 for kind in gguf_types:
                     if kind in unsloth_files:
@@ -774,11 +774,6 @@ def export(
         results = [dataclasses.replace(r, hub_url=url) for r in results]
         say(f"uploaded {target} to {url}")
     return results
-
-
-def merge_adapter(peft_model):
-    """Fold the LoRA into the base weights (float32, in place): returns the plain ``PreTrainedModel``."""
-    return peft_model.merge_and_unload()
 
 
 def _export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results, target, push_to_hub) -> dict:
