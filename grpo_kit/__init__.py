@@ -1,7 +1,7 @@
 """grpo-kit: teach and run GRPO (Group Relative Policy Optimization) on GSM8K.
 
-The package is thin on purpose: it wires TRL's ``GRPOTrainer``, PEFT, Unsloth (GPU only, imported lazily),
-``datasets`` and ``math-verify`` together, and keeps every piece small enough to read in one sitting.
+The package is thin on purpose: it wires TRL's ``GRPOTrainer``, PEFT, Unsloth (GPU only, imported lazily)
+and ``datasets`` together, and keeps every piece small enough to read in one sitting.
 
 Modules, one concern each:
 

@@ -20,10 +20,9 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
 
     ``stream=True`` prints the reply to stdout while it is generated (transformers path only).
     """
-    import torch
-    from transformers import GenerationConfig, TextStreamer
+    from transformers import TextStreamer
 
-    from grpo_kit.evaluate import _use_vllm, build_prompts, engine_lora_request, generate_vllm, stop_token_ids
+    from grpo_kit.evaluate import _use_vllm, build_prompts, engine_lora_request, generate_hf, generate_vllm
 
     if not question.strip():
         return ""
@@ -35,23 +34,13 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
         if stream:
             print(prefill + text, flush=True)
         return prefill + text
-    stops = stop_token_ids(model, tokenizer)
-    sampling = {"do_sample": True, "temperature": temperature} if temperature else {"do_sample": False}
-    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=stops,
-                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0],
-                              **sampling)
-    inputs = tokenizer(prompt, return_tensors="pt").to(next(model.parameters()).device)
     streamer = None
     if stream:
         print(prefill, end="", flush=True)
         streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
-    was_training = getattr(model, "training", False)
-    model.eval()
-    with torch.no_grad():
-        out = model.generate(**inputs, generation_config=config, streamer=streamer)
-    if was_training:
-        model.train()
-    return prefill + tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = generate_hf(model, tokenizer, [prompt], max_new_tokens=max_new_tokens, temperature=temperature,
+                       progress=False, streamer=streamer)[0][0][0]
+    return prefill + text
 
 
 def load_chat_model(model: str | None, adapter: str | os.PathLike | None):

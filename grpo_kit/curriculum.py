@@ -278,13 +278,12 @@ def default_scores_path(data: str) -> Path:
 
 
 def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path:
-    """One JSON row per question (``PromptScore.to_row``); written to a temporary file, then renamed."""
+    """One JSON row per question (``PromptScore.to_row``), written in one piece (``folders.atomic_write_text``)."""
+    from grpo_kit.folders import atomic_write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(score.to_row()) + "\n" for score in scores), encoding="utf-8")
-    os.replace(tmp, path)
-    return path
+    return atomic_write_text(path, "".join(json.dumps(score.to_row()) + "\n" for score in scores))
 
 
 def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:

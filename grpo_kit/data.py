@@ -40,14 +40,12 @@ from grpo_kit.errors import GrpoKitError
 __all__ = [
     "FEW_SHOT_EXAMPLES",
     "SYSTEM_PROMPT",
-    "LoadReport",
     "build_messages",
     "extract_gsm8k_answer",
     "extract_last_number",
     "extract_tagged_answer",
     "format_for_grpo",
     "load_gsm8k",
-    "load_gsm8k_report",
     "arithmetic_key",
     "make_arithmetic_dataset",
     "render_prompt",
@@ -103,11 +101,7 @@ _FRACTION = re.compile(r"\s*-?\d+\s*/\s*\d+\s*")
 
 @dataclass(frozen=True)
 class LoadReport:
-    """What a load kept and dropped. ``reasons`` holds the first ``MAX_REASONS`` skip/duplicate notes.
-
-    >>> LoadReport(source="x.jsonl", rows_read=3, rows_kept=2, skipped=1, duplicates=0).ok
-    False
-    """
+    """What a load kept and dropped (announced in a warning). ``reasons``: the first ``MAX_REASONS`` notes."""
 
     source: str
     rows_read: int
@@ -115,11 +109,6 @@ class LoadReport:
     skipped: int = 0
     duplicates: int = 0
     reasons: tuple[str, ...] = ()
-
-    @property
-    def ok(self) -> bool:
-        """True when every row read was kept."""
-        return self.skipped == 0 and self.duplicates == 0
 
 
 # ---------------------------------------------------------------------------------------------------------- gold
@@ -227,28 +216,10 @@ def load_gsm8k(
     ``make_arithmetic_dataset``), or a local ``.jsonl`` / ``.json`` / ``.parquet`` file with ``question`` and
     ``answer`` fields (``split`` is ignored for files). ``limit`` keeps the first N rows after a shuffle seeded by
     ``seed`` (no shuffle without ``limit``). Skipped rows (``lenient=True``) and dropped duplicate questions are
-    announced with ``warnings.warn``; use ``load_gsm8k_report`` to get the counts as a ``LoadReport`` too.
+    announced with ``warnings.warn`` (counts and the first notes).
 
     >>> len(load_gsm8k("sample", "train", limit=5))
     5
-    """
-    dataset, _ = load_gsm8k_report(source, split, lenient=lenient, limit=limit, seed=seed)
-    return dataset
-
-
-def load_gsm8k_report(
-    source: str = "gsm8k",
-    split: str = "train",
-    *,
-    lenient: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
-):
-    """Same as ``load_gsm8k`` but returns ``(dataset, LoadReport)``.
-
-    >>> ds, report = load_gsm8k_report("sample", "test")
-    >>> report.rows_kept == len(ds), report.ok
-    (True, True)
     """
     if limit is not None and limit < 1:
         raise GrpoKitError(f"limit must be a positive number of rows, got {limit}. Leave it out to keep every row.")
@@ -263,7 +234,7 @@ def load_gsm8k_report(
     if limit is not None:
         dataset = dataset.shuffle(seed=seed).select(range(min(limit, len(dataset))))
         dataset = dataset.flatten_indices()
-    return dataset, report
+    return dataset
 
 
 def _summary(report: LoadReport) -> str:

@@ -38,6 +38,12 @@ from grpo_kit.errors import GrpoKitError
 
 #: Sampling temperature for maj@k (greedy pass@1 uses no temperature).
 MAJ_TEMPERATURE = 0.7
+#: Decoding settings every ``generate_hf`` call pins. transformers fills each setting a GenerationConfig leaves unset
+#: from the model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``), so
+#: without these the protocol would change from model to model. Sampling is plain temperature sampling.
+PINNED_GENERATION = {
+    "num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -107,25 +113,29 @@ def rows_path(path: str | os.PathLike) -> Path:
 # ----------------------------------------------------------------------------------------------------- scoring
 
 
-def score_completion(completion: str, gold: str, prefill: str = "") -> dict:
-    """Score one completion under both protocols; the prefill is part of the answer text.
+def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
+    """One completion under both protocols; the prefill is part of the answer text.
 
-    >>> s = score_completion("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
+    Strict correctness and the format are the training rewards' verdicts (``rewards.score_completions``), so
+    "strict" here means exactly what the ``correctness`` reward paid; lenient reads the last number in the text.
+
+    >>> s = _score_row("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
     >>> s["correct_strict"], s["correct_lenient"], s["in_format"]
     (True, True, True)
-    >>> score_completion("so the answer is 7.", "7")["correct_strict"]
+    >>> _score_row("so the answer is 7.", "7")["correct_strict"]
     False
     """
-    from grpo_kit.rewards import REWARDS
+    from grpo_kit.rewards import score_completions
 
+    scores = score_completions([completion], gold, ["correctness", "format"], prefill)[0]
     text = prefill + completion
-    strict, lenient = extract_tagged_answer(text), extract_last_number(text)
+    lenient = extract_last_number(text)
     return {
-        "extracted_strict": strict,
+        "extracted_strict": extract_tagged_answer(text),
         "extracted_lenient": lenient,
-        "correct_strict": answers_match(strict, gold),
+        "correct_strict": scores["correctness"] > 0,
         "correct_lenient": answers_match(lenient, gold),
-        "in_format": REWARDS["format"]([completion], prefill=[prefill])[0] > 0,
+        "in_format": scores["format"] > 0,
     }
 
 
@@ -204,11 +214,16 @@ def stop_token_ids(model, tokenizer) -> list[int]:
 def generate_hf(
     model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
     num_samples: int = 1, temperature: float | None = None, progress: bool = True, desc: str = "generating",
+    streamer=None,
 ) -> list[list[tuple[str, int]]]:
     """Batched ``generate`` with left padding: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
 
-    Greedy when ``temperature`` is None; the model's own generation defaults are not used. ``n_tokens`` counts generated tokens up to and including the first stop
-    token (padding excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``.
+    The kit's one transformers generate loop (evaluation, curriculum sampling and chat call it). Greedy when
+    ``temperature`` is None, else plain temperature sampling; the model's own generation defaults are not used
+    (``PINNED_GENERATION``). ``n_tokens`` counts generated tokens up to and including the first stop token (padding
+    excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``. The model is
+    in eval mode while it generates (dropout off) and back in its own mode afterwards. ``streamer`` (e.g. a
+    transformers ``TextStreamer``) prints as tokens come: one prompt, one sample.
     """
     import torch
     from tqdm.auto import tqdm
@@ -216,20 +231,20 @@ def generate_hf(
 
     stops = stop_token_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0} if temperature else {"do_sample": False}
-    # A fresh config, so a model's own defaults (repetition penalty, top_p...) cannot change the protocol.
-    config = GenerationConfig(max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
-                              pad_token_id=pad_id, **sampling)
+    config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
+                              max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
+                              pad_token_id=pad_id)
     device = next(model.parameters()).device
     results: list[list[tuple[str, int]]] = []
-    old_side = tokenizer.padding_side
+    was_training, old_side = getattr(model, "training", False), tokenizer.padding_side
+    model.eval()
     tokenizer.padding_side = "left"
     try:
         for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
             batch = list(prompts[start : start + batch_size])
             inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
             with torch.no_grad():
-                out = model.generate(**inputs, generation_config=config)
+                out = model.generate(**inputs, generation_config=config, streamer=streamer)
             new = out[:, inputs["input_ids"].shape[1] :]
             texts = tokenizer.batch_decode(new, skip_special_tokens=True)
             lengths = [_generated_length(row.tolist(), stops) for row in new]
@@ -238,6 +253,8 @@ def generate_hf(
                 results.append(list(zip(texts[span], lengths[span], strict=True)))
     finally:
         tokenizer.padding_side = old_side
+        if was_training:
+            model.train()
     return results
 
 
@@ -343,8 +360,6 @@ def evaluate(
         raise GrpoKitError(f"maj_k must be >= 0 and max_new_tokens >= 1 (got {maj_k}, {max_new_tokens}).")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
     prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill)
-    was_training = getattr(model, "training", False)
-    model.eval()
     started = time.time()
     torch.manual_seed(seed)
     if _use_vllm(model):  # GPU + Unsloth fast_inference (tested on CPU with a fake engine only)
@@ -358,13 +373,11 @@ def evaluate(
         samples = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(1, batch_size // maj_k),
                               num_samples=maj_k, temperature=MAJ_TEMPERATURE, progress=progress,
                               desc=f"maj@{maj_k} {label}".strip()) if maj_k else None
-    if was_training:
-        model.train()
     rows = []
     for i, (question, gold) in enumerate(zip(questions, golds, strict=True)):
         completion, n_tokens = greedy[i][0]
         row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens}
-        row.update(score_completion(completion, gold, prefill))
+        row.update(_score_row(completion, gold, prefill))
         if maj_k:
             texts = [prefill + text for text, _ in samples[i]]
             vote_strict = majority_vote([extract_tagged_answer(t) for t in texts])

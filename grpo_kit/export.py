@@ -48,7 +48,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,10 +171,12 @@ def safe_name(name: str) -> str:
 
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
+    from grpo_kit.folders import checkpoint_step
+
     adapter_dir = adapter_dir.resolve()
     if adapter_dir.name == "adapter":
         return safe_name(adapter_dir.parent.name)
-    if adapter_dir.name.startswith("checkpoint-"):
+    if checkpoint_step(adapter_dir) is not None:
         return safe_name(f"{adapter_dir.parent.name}-{adapter_dir.name}")
     return safe_name(adapter_dir.name)
 
@@ -591,27 +592,9 @@ def check_writable(out_dir: Path) -> None:
 
 
 def check_target(target: Path, overwrite: bool) -> None:
-    """Refuse an existing export unless ``overwrite`` (checked before any work, and again before the rename)."""
+    """Refuse an existing export unless ``overwrite`` (checked before any work, and again just before the rename)."""
     if target.exists() and not overwrite:
         raise GrpoKitError(f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose --name.")
-
-
-def promote(staging: Path, target: Path, overwrite: bool) -> None:
-    """Rename the verified ``staging`` folder to ``target``; an old export is moved aside first, deleted last."""
-    check_target(target, overwrite)
-    staging.chmod(0o755)  # mkdtemp made it private; an export is meant to be shared
-    old = None
-    if target.exists():
-        old = target.with_name(f".{target.name}.old-{int(time.time() * 1000)}")
-        os.rename(target, old)
-    try:
-        os.rename(staging, target)
-    except OSError:
-        if old is not None:
-            os.rename(old, target)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------- Hub
@@ -706,9 +689,10 @@ def export(
     model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
-    from grpo_kit.guards import check_adapter, dumps_finite, remove_stale_staging, staging_prefix
+    from grpo_kit.folders import remove_stale_staging, staged_dir, staging_prefix
+    from grpo_kit.guards import check_adapter, dumps_finite
     from grpo_kit.model_card import render_model_card
-    from grpo_kit.models import EMBEDDED_ID, load_tokenizer, resolve_model_id
+    from grpo_kit.models import load_tokenizer, resolve_model_id
     from grpo_kit.unsloth_gguf import move_gguf_files
 
     adapter_dir = Path(adapter_dir)
@@ -738,7 +722,6 @@ def export(
     # Unsloth's writer runs first, while this process holds no model on the GPU, in its own scratch folder (it
     # also writes a merged checkpoint and a sibling <dir>_gguf): only its .gguf files enter the staging folder.
     scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir)) if route == "unsloth" else None
-    staging = None
     results: list[ExportResult] = []
     try:
         unsloth_files = {}
@@ -746,44 +729,33 @@ def export(
             for kind in gguf_types:
                 unsloth_files[kind] = _write_gguf_unsloth(adapter_dir, base_path, scratch, kind, say)
         model, tokenizer, reference = load_reference(base_path, adapter_dir)
-        staging = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
-        if "lora" in wanted:
-            _write_lora(adapter_dir, tokenizer, staging / "lora")
-            results.append(_verify_lora(staging / "lora", base_path, reference))
-        if "gguf" in wanted or "merged16" in wanted:
-            merged = merge_adapter(model)
-            files = []
-            for kind in gguf_types:
-                if kind in unsloth_files:
-                    found, merge_dtype = unsloth_files[kind]
-                    path = move_gguf_files(found, staging / "gguf", f"{name}-{kind}")[0]
-                else:
-                    path, merge_dtype = _write_gguf(merged, tokenizer, staging / "gguf", kind, name), "float32"
-                files.append(path)
-                results.append(_verify_gguf(path, reference, kind, merge_dtype))
-            if files:
-                _write_modelfile(staging / "gguf", files, tokenizer)
-            if "merged16" in wanted:
-                dtype_name = merged16_dtype(_base_dtype_name(base_path))
-                _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)
-                results.append(_verify_merged16(staging / "merged16", reference, dtype_name))
-        results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-        embedded = _is_embedded(base_path)
-        info = {
-            "name": name,
-            "base_model": EMBEDDED_ID if embedded else base_model,
-            "base_model_hub": None if embedded or os.path.isabs(base_model) else base_model,
-            "base_model_note": _embedded_note(base_path) if embedded else base_note,
-            "adapter": str(adapter_dir),
-            "run": run,
-            "steps": training_steps(adapter_dir),
-            "evals": evals,
-            "formats": [r.to_dict(relative_to=target) for r in results],
-            "repo": push_to_hub,
-        }
-        (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
-        (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
-        promote(staging, target, overwrite)
+        with staged_dir(target, prefix=staging_prefix(name)) as staging:
+            if "lora" in wanted:
+                _write_lora(adapter_dir, tokenizer, staging / "lora")
+                results.append(_verify_lora(staging / "lora", base_path, reference))
+            if "gguf" in wanted or "merged16" in wanted:
+                merged = model.merge_and_unload()  # PEFT folds the LoRA into the float32 base, in place
+                files = []
+                for kind in gguf_types:
+                    if kind in unsloth_files:
+                        found, merge_dtype = unsloth_files[kind]
+                        path = move_gguf_files(found, staging / "gguf", f"{name}-{kind}")[0]
+                    else:
+                        path, merge_dtype = _write_gguf(merged, tokenizer, staging / "gguf", kind, name), "float32"
+                    files.append(path)
+                    results.append(_verify_gguf(path, reference, kind, merge_dtype))
+                if files:
+                    _write_modelfile(staging / "gguf", files, tokenizer)
+                if "merged16" in wanted:
+                    dtype_name = merged16_dtype(_base_dtype_name(base_path))
+                    _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)
+                    results.append(_verify_merged16(staging / "merged16", reference, dtype_name))
+            results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
+            info = _export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results, target,
+                                push_to_hub)
+            (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
+            (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
+            check_target(target, overwrite)  # another export may have landed there in the meantime
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
         raise GrpoKitError(
             f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was changed in "
@@ -791,9 +763,8 @@ def export(
             "16-bit size while it is verified) or choose another --out-dir, then run the export again."
         ) from None
     finally:
-        for folder in (staging, scratch):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     for result in results:
         say(str(result))
         if result.note:
@@ -805,9 +776,23 @@ def export(
     return results
 
 
-def merge_adapter(peft_model):
-    """Fold the LoRA into the base weights (float32, in place): returns the plain ``PreTrainedModel``."""
-    return peft_model.merge_and_unload()
+def _export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results, target, push_to_hub) -> dict:
+    """What ``export.json`` records and the model card shows."""
+    from grpo_kit.models import EMBEDDED_ID
+
+    embedded = _is_embedded(base_path)
+    return {
+        "name": name,
+        "base_model": EMBEDDED_ID if embedded else base_model,
+        "base_model_hub": None if embedded or os.path.isabs(base_model) else base_model,
+        "base_model_note": _embedded_note(base_path) if embedded else base_note,
+        "adapter": str(adapter_dir),
+        "run": run,
+        "steps": training_steps(adapter_dir),
+        "evals": evals,
+        "formats": [r.to_dict(relative_to=target) for r in results],
+        "repo": push_to_hub,
+    }
 
 
 def _is_embedded(base_path: str) -> bool:

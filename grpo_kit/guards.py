@@ -32,6 +32,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.folders import process_alive
 
 #: Logged metrics that must stay finite (plus every ``rewards/<name>/mean``).
 CHECKED = ("loss", "grad_norm", "reward")
@@ -275,14 +276,6 @@ def oom_message(step: int, error: BaseException, run_dir: str | os.PathLike | No
 # --------------------------------------------------------------------------------------------- data size
 
 
-def prompts_per_step(config) -> int:
-    """Distinct prompts one optimizer step draws: TRL's generation batch split into groups of ``num_generations``.
-
-    TRL's ``RepeatSampler`` drops an incomplete batch of prompts, so a dataset smaller than this yields no step.
-    """
-    return config.generation_batch_size // config.num_generations
-
-
 def check_dataset_size(
     n_prompts: int,
     config,
@@ -293,9 +286,11 @@ def check_dataset_size(
 ) -> None:
     """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
 
-    ``config`` is the run's ``GRPOConfig`` (``generation_batch_size``, ``num_generations`` are read from it).
+    ``config`` is the run's ``GRPOConfig``. The prompts one step needs are counted from it rather than from the
+    recipe's ``prompts_per_step``: TRL's generation batch also spans every process (and may be set directly), and
+    its ``RepeatSampler`` drops an incomplete batch, so fewer prompts than this yield no step at all.
     """
-    needed = prompts_per_step(config)
+    needed = config.generation_batch_size // config.num_generations
     dropped = ""
     if filtered:
         dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
@@ -317,47 +312,6 @@ def check_dataset_size(
             stacklevel=2,
         )
 
-
-
-# --------------------------------------------------------------------------------------------- export staging
-
-
-def staging_prefix(name: str) -> str:
-    """Prefix of an export's staging folder, ``.<name>.partial-<pid>-``: the pid tells a live export from a dead one.
-
-    >>> staging_prefix("demo").startswith(".demo.partial-")
-    True
-    """
-    return f".{name}.partial-{os.getpid()}-"
-
-
-def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> list[Path]:
-    """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (an export killed mid-write); return them.
-
-    A killed merged16 export of an 8B model leaves ~16 GB in such a folder, which would fill a Colab disk on the
-    retry. Folders of a process that is still running (another export of the same name) are left alone.
-    """
-    import shutil
-
-    removed = []
-    for folder in sorted(Path(out_dir).glob(f".{name}.partial-*")):
-        pid = folder.name[len(f".{name}.partial-") :].split("-", 1)[0]
-        if folder.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
-
-
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 # --------------------------------------------------------------------------------------------- JSON and adapters
@@ -490,7 +444,7 @@ def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             holder = _lock_holder(lock)
-            if holder is not None and _process_alive(holder) and holder != os.getpid():
+            if holder is not None and process_alive(holder) and holder != os.getpid():
                 raise GrpoKitError(
                     f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it to end, "
                     f"stop it (kill {holder}), or choose another --output. If no such process runs, delete {lock}."

@@ -1,9 +1,9 @@
 """Sample M completions per training prompt and score them with the run's rewards (for ``grpo_kit.curriculum``).
 
 A *sampler* is any ``fn(prompts, samples) -> list[list[str]]`` (one list of ``samples`` completion texts per prompt),
-so the scoring can be tested with a fake one. ``hf_sampler`` is the real one: Hugging Face ``generate`` with left
-padding, sampling at the training temperature, on whatever device the model sits on (a CPU is fine for the embedded
-model and short completions). Heavy imports (torch) stay inside functions.
+so the scoring can be tested with a fake one. ``hf_sampler`` is the real one: the kit's generate loop
+(``evaluate.generate_hf``) sampling at the training temperature, on whatever device the model sits on (a CPU is
+fine for the embedded model and short completions). Heavy imports (torch) stay inside functions.
 """
 
 from __future__ import annotations
@@ -76,49 +76,23 @@ def hf_sampler(
     model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, batch_size: int = 4, seed: int = 0,
     progress: bool = True,
 ) -> Sampler:
-    """A sampler backed by ``model.generate``: ``batch_size`` prompts per call, ``samples`` sequences each.
-
-    Input ids per call: ``(batch, longest_prompt)``; output ``(batch * samples, longest_prompt + new)``. Seeded
-    once per sampler call, so a rerun with the same seed draws the same answers.
+    """A sampler backed by ``evaluate.generate_hf``: ``batch_size`` prompts per call, ``samples`` sequences each,
+    drawn at ``temperature`` (the model's own generation defaults play no part). Seeded once per sampler call, so a
+    rerun with the same seed draws the same answers.
     """
 
     def sample(prompts: Sequence, samples: int) -> list[list[str]]:
         import torch
-        from tqdm.auto import tqdm
+
+        from grpo_kit.evaluate import generate_hf
 
         torch.manual_seed(seed)
-        stops = _stop_ids(model, tokenizer)
-        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-        device = next(model.parameters()).device
         texts = [render_prompt_text(p, tokenizer) for p in prompts]
-        old_side, tokenizer.padding_side = tokenizer.padding_side, "left"
-        results: list[list[str]] = []
-        try:
-            for start in tqdm(range(0, len(texts), batch_size), desc="sampling", unit="batch", disable=not progress):
-                batch = texts[start : start + batch_size]
-                inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
-                with torch.no_grad():
-                    out = model.generate(
-                        **inputs, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature, top_p=1.0,
-                        top_k=0, num_return_sequences=samples, eos_token_id=stops, pad_token_id=pad_id,
-                    )
-                decoded = tokenizer.batch_decode(out[:, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
-                results.extend(decoded[i * samples : (i + 1) * samples] for i in range(len(batch)))
-        finally:
-            tokenizer.padding_side = old_side
-        return results
+        groups = generate_hf(model, tokenizer, texts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                             num_samples=samples, temperature=temperature, progress=progress, desc="sampling")
+        return [[text for text, _ in group] for group in groups]
 
     return sample
-
-
-def _stop_ids(model, tokenizer) -> list[int]:
-    ids: list[int] = []
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (config_eos, tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
-    return ids
 
 
 def score_with_model(

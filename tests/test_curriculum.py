@@ -272,6 +272,24 @@ def test_hf_sampler_gives_m_samples_per_prompt_and_is_seeded(tiny_model_dir):
 
 
 @pytest.mark.slow
+def test_hf_sampler_draws_through_the_shared_generate_loop(tiny_model_dir):
+    """Same seed, same draws as ``evaluate.generate_hf``, whatever decoding defaults the model ships with."""
+    import torch
+
+    from grpo_kit.evaluate import generate_hf
+    from grpo_kit.models import load_inference_model
+
+    model, tokenizer = load_inference_model(str(tiny_model_dir))
+    prompts = ["Hello", "What is 2+2?"]
+    torch.manual_seed(3)
+    direct = generate_hf(model, tokenizer, prompts, max_new_tokens=6, batch_size=4, num_samples=2, temperature=0.9,
+                         progress=False)
+    model.generation_config.num_beams, model.generation_config.typical_p = 2, 0.5  # a model's own defaults
+    drawn = sampling.hf_sampler(model, tokenizer, max_new_tokens=6, temperature=0.9, seed=3, progress=False)(prompts, 2)
+    assert drawn == [[text for text, _ in group] for group in direct]
+
+
+@pytest.mark.slow
 def test_cli_curriculum_writes_scores_next_to_the_data(tiny_model_dir, tmp_path, capsys):
     from grpo_kit.cli import main
     from grpo_kit.data import make_arithmetic_dataset

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import warnings
 from fractions import Fraction
 
 import pytest
@@ -18,7 +19,6 @@ from grpo_kit.data import (
     extract_gsm8k_answer,
     format_for_grpo,
     load_gsm8k,
-    load_gsm8k_report,
     make_arithmetic_dataset,
     render_prompt,
 )
@@ -141,10 +141,11 @@ def test_annotation_checker_catches_a_wrong_step():
         _check_solution("3 * 4 = <<3*4=12>>12\n#### 11", "11")
 
 
-def test_sample_report_is_clean():
-    ds, report = load_gsm8k_report("sample", "train")
-    assert report.ok and report.rows_read == report.rows_kept == len(ds)
-    assert "bundled sample" in report.source
+def test_sample_loads_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a skipped row or a duplicate in the bundled sample would raise here
+        ds = load_gsm8k("sample", "train")
+    assert "bundled sample" in ds.info.description
 
 
 def test_sample_unknown_split():
@@ -254,10 +255,11 @@ def test_bad_jsonl_line_names_file_and_line(tmp_path, bad_line, reason):
     assert str(path) in message and "line 3" in message and reason in message
     assert "lenient=True" in message
     # lenient: the bad line is skipped, counted, reported and warned about
-    with pytest.warns(UserWarning, match="skipped 1 bad row"):
-        ds, report = load_gsm8k_report(str(path), lenient=True)
-    assert len(ds) == 2 and report.skipped == 1 and report.rows_read == 3
-    assert report.reasons[0].startswith("line 3:") and reason in report.reasons[0]
+    with pytest.warns(UserWarning, match="skipped 1 bad row") as caught:
+        ds = load_gsm8k(str(path), lenient=True)
+    note = str(caught[0].message)
+    assert len(ds) == 2 and "kept 2 of 3 rows" in note
+    assert note.split("First notes: ")[1].startswith("line 3:") and reason in note
 
 
 def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
@@ -268,9 +270,7 @@ def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
     assert ds["answer"] == ["0", "2", "4", "6", "8"]
     text = str(caught[0].message)
     assert "skipped 5 bad row" in text and "line 2" in text
-    with pytest.warns(UserWarning):
-        _, report = load_gsm8k_report(str(path), lenient=True)
-    assert len(report.reasons) == data.MAX_REASONS and report.skipped == 5
+    assert len(text.split("First notes: ")[1].split("; ")) == data.MAX_REASONS  # one note per skipped row, up to the cap
 
 
 def test_all_rows_bad_is_an_error_even_when_lenient(tmp_path):
@@ -287,12 +287,12 @@ def test_duplicates_are_dropped_with_a_note(tmp_path):
         {"question": " Same? ", "answer": "#### 9"},
     ]
     path = _write_jsonl(tmp_path / "dups.jsonl", rows)
-    with pytest.warns(UserWarning, match="dropped 2 duplicate"):
-        ds, report = load_gsm8k_report(str(path))
+    with pytest.warns(UserWarning, match="dropped 2 duplicate") as caught:
+        ds = load_gsm8k(str(path))
     assert ds["question"] == ["Same?", "Other?"] and ds["answer"] == ["1", "2"]
-    assert report.duplicates == 2 and not report.ok
-    assert "line 3: duplicate of the question at line 1" in report.reasons[0]
-    assert "DIFFERENT answer" in report.reasons[1]
+    notes = str(caught[0].message).split("First notes: ")[1].split("; ")
+    assert "line 3: duplicate of the question at line 1" in notes[0]
+    assert "DIFFERENT answer" in notes[1]
 
 
 @pytest.mark.parametrize(
@@ -545,8 +545,7 @@ def test_arithmetic_is_deterministic_and_correct():
 
 def test_arithmetic_is_labelled_synthetic():
     assert "not GSM8K" in make_arithmetic_dataset(2).info.description
-    _, report = load_gsm8k_report("arithmetic", "train")
-    assert "not GSM8K" in report.source
+    assert "not GSM8K" in load_gsm8k("arithmetic", "train").info.description
 
 
 def test_arithmetic_splits_are_disjoint():

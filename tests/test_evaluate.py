@@ -10,8 +10,10 @@ import grpo_kit.evaluate as evaluate_module
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote, score_completion
+from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote
+from grpo_kit.rewards import score_completions
 
+_score_row = evaluate_module._score_row
 ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",
             "correct_lenient", "in_format", "completion_tokens"}
 
@@ -29,25 +31,65 @@ def tiny(tiny_model_dir):
 
 
 def test_strict_and_lenient_protocols_differ_as_documented():
-    tagged = score_completion("<think>5 + 3 = 8</think>\n<answer>$8.00</answer>", "8")
+    tagged = _score_row("<think>5 + 3 = 8</think>\n<answer>$8.00</answer>", "8")
     assert tagged == {"extracted_strict": "$8.00", "extracted_lenient": "8.00", "correct_strict": True,
                       "correct_lenient": True, "in_format": True}
-    untagged = score_completion("5 + 3 = 8, so 8 apples.", "8")
+    untagged = _score_row("5 + 3 = 8, so 8 apples.", "8")
     assert (untagged["correct_strict"], untagged["correct_lenient"], untagged["in_format"]) == (False, True, False)
-    wrong_tag = score_completion("<think>x</think><answer>9</answer> but really 8", "8")
+    wrong_tag = _score_row("<think>x</think><answer>9</answer> but really 8", "8")
     assert (wrong_tag["correct_strict"], wrong_tag["correct_lenient"]) == (False, True)
 
 
 def test_prefill_counts_as_part_of_the_answer():
     completion = "3 + 5 = 8\n</think>\n<answer>8</answer>"
-    assert not score_completion(completion, "8")["in_format"]
-    assert score_completion(completion, "8", prefill="<think>\n")["in_format"]
+    assert not _score_row(completion, "8")["in_format"]
+    assert _score_row(completion, "8", prefill="<think>\n")["in_format"]
+
+
+@pytest.mark.parametrize("completion", [
+    "<think>x</think><answer>1,000</answer>", "<answer>18 or 19</answer>", "<ANSWER>1000</ANSWER>",
+    "<think>x</think><answer>1000", "the answer is 1000", "<answer>1e3</answer>", "<answer>one thousand</answer>",
+])
+def test_strict_accuracy_is_the_correctness_reward_and_format_the_format_reward(completion):
+    rewards = score_completions([completion], "1000", ["correctness", "format"])[0]
+    row = _score_row(completion, "1000")
+    assert (row["correct_strict"], row["in_format"]) == (rewards["correctness"] > 0, rewards["format"] > 0)
 
 
 def test_majority_vote_normalizes_numbers():
     assert majority_vote(["1,000", "$1000", "7", "7.0", "1000.00"]) == "1000"
     assert majority_vote(["7", "8"]) == "7"  # tie: first seen
     assert majority_vote([None, None]) is None
+
+
+def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each():
+    from types import SimpleNamespace
+
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    assert evaluate_module.stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert evaluate_module.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
+
+
+@pytest.fixture
+def with_model_defaults(tiny):
+    """Give the tiny model decoding defaults of its own, as Hub models ship them (restored afterwards)."""
+    config = tiny[0].generation_config
+    saved = (config.repetition_penalty, config.no_repeat_ngram_size, config.top_k)
+
+    def apply():
+        config.repetition_penalty, config.no_repeat_ngram_size, config.top_k = 50.0, 1, 3
+
+    yield apply
+    config.repetition_penalty, config.no_repeat_ngram_size, config.top_k = saved
+
+
+def test_generate_hf_ignores_the_models_own_decoding_defaults(tiny, with_model_defaults):
+    """transformers fills unset decoding settings from model.generation_config; the protocol must not move with it."""
+    model, tokenizer = tiny
+    prompts = evaluate_module.build_prompts(["What is 2 + 3?", "Name a fruit."], tokenizer)
+    plain = evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
+    with_model_defaults()
+    assert evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
 
 
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):

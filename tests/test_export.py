@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from peft.tuners.tuners_utils import BaseTuner
 
 import grpo_kit.export as export_module
 import grpo_kit.gguf_export as gguf_module
@@ -137,10 +138,10 @@ def test_every_cpu_format_round_trips(run_dir, tmp_path):
 def test_merge_that_drops_the_lora_fails_verification(run_dir, tmp_path, monkeypatch):
     """The classic bug: the merged model is just the base. Verification must refuse it and write nothing."""
 
-    def base_only(peft_model):
-        return peft_model.unload()  # removes the LoRA layers without merging them
+    def base_only(tuner, *args, **kwargs):
+        return tuner.unload()  # removes the LoRA layers without merging them
 
-    monkeypatch.setattr(export_module, "merge_adapter", base_only)
+    monkeypatch.setattr(BaseTuner, "merge_and_unload", base_only)
     with pytest.raises(GrpoKitError, match="merged16.*(exceeds|LoRA weights are missing)"):
         export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="broken")
     assert list(tmp_path.iterdir()) == []
@@ -153,7 +154,7 @@ def test_overwrite_guard_and_failed_overwrite_keeps_the_old_export(run_dir, tmp_
     with pytest.raises(GrpoKitError, match="--overwrite"):
         export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="x")
 
-    monkeypatch.setattr(export_module, "merge_adapter", lambda peft_model: peft_model.unload())
+    monkeypatch.setattr(BaseTuner, "merge_and_unload", lambda tuner, *args, **kwargs: tuner.unload())
     with pytest.raises(GrpoKitError, match="verification failed"):
         export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="x", overwrite=True)
     assert _files(tmp_path / "x") == before  # the verified old export survived the failed replacement
