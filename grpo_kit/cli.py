@@ -31,7 +31,7 @@ def _add_presets(sub) -> None:
 
 
 def _add_rewards(sub) -> None:
-    p = sub.add_parser("rewards", help="list the reward functions that --rewards can name")
+    p = sub.add_parser("rewards", help="list the reward functions a recipe can name (--set rewards=...)")
     p.set_defaults(func=_handler("rewards", "cli_rewards"))
 
 

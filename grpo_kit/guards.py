@@ -116,11 +116,11 @@ def numerics_message(
     if metric.startswith("reward/"):
         fix = (
             f"The reward function '{metric.split('/', 1)[1]}' returned {value}; rewards must be finite floats "
-            "(return None for 'not applicable'). Fix the reward, or leave it out of --rewards."
+            "(return None for 'not applicable'). Fix the reward, or leave it out of the recipe's rewards (--set rewards=...)."
         )
     else:
         fix = (
-            "The weights or the loss overflowed. Lower the learning rate (--learning-rate, e.g. by 10x), keep "
+            "The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
             "gradient clipping on (max_grad_norm, e.g. --set max_grad_norm=0.1), and on a T4 (fp16) shorten "
             "completions or use a bf16 card; on CPU the 'cpu' preset trains in fp32."
         )
@@ -268,7 +268,7 @@ def oom_message(step: int, error: BaseException, run_dir: str | os.PathLike | No
         f"The GPU ran out of memory at step {step} ({str(error).splitlines()[0][:160]}). Lower the memory a step "
         "needs: shorter completions (--set max_completion_length=N), fewer completions per forward pass "
         "(--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller group "
-        "(--num-generations), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), or a smaller preset/model; "
+        "(--set num_generations=N), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), or a smaller preset/model; "
         "`grpo-kit presets --plan NAME` shows the estimate (docs/VRAM.md)." + _checkpoint_hint(run_dir, True)
     )
 
@@ -388,7 +388,7 @@ def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
         raise GrpoKitError(
             f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights ({len(bad)} tensor(s), e.g. {bad[0]}); "
             "training diverged. Use an earlier checkpoint-N folder of the run, or train again with a lower "
-            "--learning-rate."
+            "--set learning_rate=..."
         )
 
 

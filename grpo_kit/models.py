@@ -140,7 +140,7 @@ def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
     if preset.backend == "unsloth" and not cuda:
         raise GrpoKitError(
             "backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this machine use "
-            "--backend auto or transformers (plain transformers + PEFT)."
+            "--set backend=auto or --set backend=transformers (plain transformers + PEFT)."
         )
     if preset.backend != "auto":
         return preset.backend
@@ -167,7 +167,7 @@ def prepare_backend(preset) -> str:
             raise GrpoKitError(
                 f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU stack "
                 "(pip install -r requirements-colab.txt) and restart the runtime, or load with plain transformers + "
-                "PEFT: --backend transformers (slower, more memory)."
+                "PEFT: --set backend=transformers (slower, more memory)."
             ) from error
     return backend
 
@@ -354,7 +354,7 @@ def without_missing_vllm(preset):
     if preset.vllm_server:
         raise GrpoKitError(
             f"vllm_mode='server' needs vLLM in the training process too (TRL's client syncs weights through it), but "
-            f"{problem}. Install the vllm wheel built for this torch's CUDA, or drop --vllm-server to generate "
+            f"{problem}. Install the vllm wheel built for this torch's CUDA, or drop --set vllm_mode=server to generate "
             "on the training GPU without vLLM."
         )
 
@@ -364,7 +364,7 @@ def without_missing_vllm(preset):
 
 def announce_vllm_off(reason: str, hint: str) -> None:
     """The one line a run prints when it continues without vLLM."""
-    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint}; --no-vllm turns "
+    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint}; --set use_vllm=false turns "
           "it off without this check.", flush=True)
 
 

@@ -431,7 +431,7 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
     fixes = [
         "a smaller preset (`grpo-kit presets` lists them; --preset auto picks by memory)",
         f"shorter completions (--set max_completion_length={max(64, preset.max_completion_length // 2)})",
-        "fewer generations (--num-generations with gradient_accumulation_steps a multiple of it)",
+        "fewer generations (--set num_generations=N with gradient_accumulation_steps a multiple of it)",
     ]
     if preset.vllm_colocated:
         fixes.append(

@@ -350,11 +350,11 @@ def check_grpo_fields(recipe: Recipe) -> Recipe:
     known = {f.name for f in dc.fields(trl.GRPOConfig)}
     unknown = [k for k in recipe.grpo if k not in known]
     if unknown:
-        hints = [f"{k} → {m[0]}" for k in unknown
-                 if (m := difflib.get_close_matches(k, [*known, *MODEL_KEYS, *PROMPT_KEYS], n=1))]
+        named = [k + (f" (did you mean {m[0]}?)" if (m := difflib.get_close_matches(k, [*known, *MODEL_KEYS, *PROMPT_KEYS], n=1)) else "")
+                 for k in unknown]
         raise GrpoKitError(
             f"Not a GRPOConfig field of the installed TRL ({trl.__version__}), nor a model/prompt key: "
-            f"{', '.join(unknown)}." + (f" Did you mean: {', '.join(hints)}?" if hints else "")
+            f"{'; '.join(named)}."
             + f" Model keys: {', '.join(MODEL_KEYS)}; prompt keys: {', '.join(PROMPT_KEYS)}; the grpo keys are TRL's "
             "GRPOConfig fields (grpo-kit is tested with trl==1.15.0)."
         )
@@ -475,7 +475,9 @@ def _problems(r: Recipe):
                f"exceeds max_seq_length ({m['max_seq_length']}). Raise model.max_seq_length to "
                f"{p['max_prompt_length'] + g['max_completion_length']} or shorten the prompt/completion budget.")
     if min(p["max_prompt_length"], g["max_completion_length"], m["lora_rank"], g["max_steps"]) < 1:
-        yield "max_prompt_length, max_completion_length, lora_rank and max_steps must be positive."
+        yield (f"lengths, lora_rank and max_steps must be positive, got max_prompt_length={p['max_prompt_length']}, "
+               f"max_completion_length={g['max_completion_length']}, lora_rank={m['lora_rank']}, "
+               f"max_steps={g['max_steps']}.")
     if m["precision"] not in PRECISIONS:
         yield f"precision {m['precision']!r} is not one of {', '.join(PRECISIONS)}."
     if m.get("backend", "auto") not in BACKENDS:

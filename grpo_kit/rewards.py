@@ -518,9 +518,9 @@ def reward_table_markdown() -> str:
 
 
 def cli_rewards(args: Any = None) -> int:
-    """``grpo-kit rewards``: print the reward table and how ``--rewards`` names them."""
+    """``grpo-kit rewards``: print the reward table and how a recipe's rewards (``--set rewards=...``) name them."""
     print(reward_table_markdown())
-    print(f"\nUse with: grpo-kit train --rewards correctness:2,format   (default set: {DEFAULT_REWARD_SPEC})")
+    print(f"\nUse with: grpo-kit train --set rewards=correctness:2,format   (default set: {DEFAULT_REWARD_SPEC})")
     return 0
 
 

@@ -183,10 +183,10 @@ def build_grpo_config(recipe, output_dir: str | os.PathLike, *, on_cpu: bool | N
         "remove_unused_columns": False,  # rewards read the answer and prefill columns
         "dataloader_num_workers": 0,
         "logging_nan_inf_filter": False,  # a NaN/inf loss must reach the logs, where NumericsGuard stops the run
+        "use_cpu": on_cpu,
     }
     fixed = {
         "output_dir": str(output_dir),
-        "use_cpu": on_cpu,
         **precision_flags(recipe.model["precision"], on_cpu),
         "reward_weights": [float(w) for _, w in recipe.rewards] + [0.0],
     }

@@ -31,7 +31,7 @@ SERVER_GPU_MEMORY_UTILIZATION = 0.9
 
 def server_url(preset) -> str:
     """The server the preset talks to: ``vllm_server_base_url``, or ``http://localhost:8000`` (the serve default)."""
-    return (preset.vllm_server_base_url or DEFAULT_URL).rstrip("/")
+    return (preset.get("vllm_server_base_url") or DEFAULT_URL).rstrip("/")
 
 
 def serve_command(preset, *, gpu: str = "0", model: str | None = None) -> list[str]:
@@ -71,7 +71,7 @@ def check_weight_sync(preset) -> None:
         raise GrpoKitError(
             f"vllm_mode='server' cannot train 4-bit weights (preset '{preset.name}' has load_in_4bit): TRL sends the "
             "server each layer's raw data, which for a 4-bit layer is packed bytes without its quantization state. "
-            "Use colocated vLLM on the training GPU (drop --vllm-server / vllm_mode=server), or 16-bit weights "
+            "Use colocated vLLM on the training GPU (drop --set vllm_mode=server), or 16-bit weights "
             "(--set load_in_4bit=false, or a 16-bit preset such as a100-40gb), which need more GPU memory."
         )
 

@@ -154,7 +154,7 @@ def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
 
 def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
-    with pytest.raises(GrpoKitError, match="--backend transformers"):
+    with pytest.raises(GrpoKitError, match="--set backend=transformers"):
         models.prepare_backend(load_recipe("a100-80gb"))
 
 
@@ -189,8 +189,8 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root)]),
            "FAKE_UNSLOTH_RECORD": str(record)}
-    command = [sys.executable, "-c", _IMPORT_ORDER_DRIVER, "train", "--preset", "cpu", "--backend", "unsloth",
-               "--model", str(tiny_model_dir), "--data", "sample", "--max-steps", "1",
+    command = [sys.executable, "-c", _IMPORT_ORDER_DRIVER, "train", "--preset", "cpu", "--set", "backend=unsloth",
+               "--set", f"model.id={tiny_model_dir}", "--data", "sample", "--set", "max_steps=1",
                "--output", str(tmp_path / "run"), "--set", "use_cpu=true"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert record.is_file(), f"unsloth was never imported:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -370,22 +370,21 @@ def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, t
 
 def test_server_mode_without_an_importable_vllm_is_refused(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(GrpoKitError, match="drop --vllm-server"):
+    with pytest.raises(GrpoKitError, match="drop --set vllm_mode=server"):
         models.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
 
 
-def test_no_vllm_flag_switches_vllm_off(monkeypatch):
+def test_use_vllm_false_reaches_train_as_an_override(monkeypatch):
     import grpo_kit.train as train_module
     from grpo_kit.cli import main
 
     seen = []
 
-    def fake_train(preset, **kwargs):
-        seen.append(preset)
+    def fake_train(recipe, **kwargs):
+        seen.append(recipe.with_overrides(kwargs["overrides"]))
         raise _Stop
 
     monkeypatch.setattr(train_module, "train", fake_train)
     with pytest.raises(_Stop):
-        main(["train", "--preset", "a100-80gb", "--no-vllm"])
-    assert seen[0].use_vllm is False
-    assert main(["train", "--preset", "a100-80gb", "--no-vllm", "--vllm-server", "http://gpu0:8000"]) == 2
+        main(["train", "--preset", "a100-80gb", "--set", "use_vllm=false"])
+    assert seen[0].grpo["use_vllm"] is False and seen[0].name == "a100-80gb"

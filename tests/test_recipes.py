@@ -104,7 +104,7 @@ def test_set_values_are_converted_or_refused_by_name():
 
 def test_unknown_grpo_field_is_refused_with_the_closest_name_before_weights_load():
     recipe = load_recipe("cpu", {"learnin_rate": 1e-3})  # not a model/prompt key: checked against TRL
-    with pytest.raises(GrpoKitError, match="learnin_rate → learning_rate"):
+    with pytest.raises(GrpoKitError, match="learnin_rate \\(did you mean learning_rate\\?\\)"):
         check_grpo_fields(recipe)
     converted = check_grpo_fields(load_recipe("cpu", {"epsilon": "0.3", "num_iterations": 2.0}))
     assert converted.grpo["epsilon"] == 0.3 and type(converted.grpo["num_iterations"]) is int  # TRL's annotations

@@ -79,9 +79,9 @@ def shared(tiny_model_dir, tmp_path_factory):
     """The whole user journey with a fake token set; returns the folders, the exit codes and everything printed."""
     root = tmp_path_factory.mktemp("journey")
     run_dir, exports = root / "run", root / "exports"
-    tiny = ["--preset", "cpu", "--model", str(tiny_model_dir), "--data", "arithmetic", "--rewards", "format",
-            "--num-generations", "2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
-            "--set", "few_shot=0", "--set", "save_steps=1", "--max-steps", "2"]  # fmt: skip
+    tiny = ["--preset", "cpu", "--set", f"model.id={tiny_model_dir}", "--data", "arithmetic", "--set", "rewards=format",
+            "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
+            "--set", "few_shot=0", "--set", "save_steps=1", "--set", "max_steps=2"]  # fmt: skip
 
     def leaky_upload(folder, repo, token):  # a server error that echoes the credentials back
         raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={token})")
@@ -96,7 +96,7 @@ def shared(tiny_model_dir, tmp_path_factory):
                                 "--out-dir", str(exports), "--name", "tiny"]),  # fmt: skip
                 "push": main(["export", "--adapter", str(run_dir / "adapter"), "--out-dir", str(exports),
                               "--name", "pushed", "--push-to-hub", "someone/grpo-kit-test"]),  # fmt: skip
-                "bad_model": main(["train", *tiny[:2], "--model", "someone/private-model", "--data", "sample",
+                "bad_model": main(["train", *tiny[:2], "--set", "model.id=someone/private-model", "--data", "sample",
                                    "--output", str(root / "never")]),  # fmt: skip
             }
             printed = output()

@@ -25,7 +25,7 @@ from grpo_kit.machinery.runs import latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
 TINY = [
-    "--preset", "cpu", "--data", "arithmetic", "--rewards", "format", "--num-generations", "2",
+    "--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "--set", "num_generations=2",
     "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
     "--set", "save_steps=1", "--set", "logging_steps=1",
 ]  # fmt: skip
@@ -45,7 +45,7 @@ def _step(folder) -> int:
 
 def _train_until_killed(model_dir, run_dir) -> int:
     """Start a long CLI run, SIGKILL it once a complete checkpoint >= KILL_AFTER_STEP exists; return that step."""
-    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--model", str(model_dir), "--max-steps", "1000",
+    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model.id={model_dir}", "--set", "max_steps=1000",
            "--output", str(run_dir)]  # fmt: skip
     log = open(run_dir.parent / "killed-run.log", "wb")  # noqa: SIM115 - closed below, after the kill
     process = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -105,7 +105,7 @@ def test_sigkilled_run_resumes_from_the_last_complete_checkpoint(tiny_model_dir,
     assert latest_checkpoint(run_dir).name == f"checkpoint-{last}"  # neither half-written folder is picked
 
     target = last + 2
-    code = main(["train", *TINY, "--model", str(tiny_model_dir), "--max-steps", str(target),
+    code = main(["train", *TINY, "--set", f"model.id={tiny_model_dir}", "--set", f"max_steps={target}",
                  "--output", str(run_dir), "--resume"])  # fmt: skip
     assert code == 0, capsys.readouterr().err[-3000:]
     assert f"steps: {target}" in capsys.readouterr().out

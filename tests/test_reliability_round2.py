@@ -78,7 +78,7 @@ def test_export_refuses_an_adapter_with_nan_weights(fmt, tiny_model_dir, make_ad
     before = (adapter / "adapter_model.safetensors").read_bytes()
     err = _cli_error(capsys, ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--format", fmt,
                               "--out-dir", str(tmp_path / "exports")])  # fmt: skip
-    assert "NaN/inf weights" in err and tensor in err and "--learning-rate" in err
+    assert "NaN/inf weights" in err and tensor in err and "--set learning_rate=" in err
     assert not (tmp_path / "exports" / "run").exists()
     assert (adapter / "adapter_model.safetensors").read_bytes() == before  # nothing lost
 
@@ -124,7 +124,7 @@ def snapshot(folder) -> dict:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-TINY_CLI = ["--preset", "cpu", "--data", "sample", "--num-generations", "2", "--set", "per_device_train_batch_size=2",
+TINY_CLI = ["--preset", "cpu", "--data", "sample", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2",
             "--set", "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
 
 
@@ -134,7 +134,7 @@ TINY_CLI = ["--preset", "cpu", "--data", "sample", "--num-generations", "2", "--
 @pytest.mark.parametrize(
     "argv",
     [
-        ["--temperature", "inf"],
+        ["--set", "temperature=inf"],
         ["--set", "learning_rate=-Infinity"],
         ["--set", "max_grad_norm=NaN"],
         ["--set", "epsilon=Infinity"],
@@ -182,7 +182,7 @@ def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, mak
 def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys, no_model_load, fake_run):
     run_dir = fake_run(tmp_path / "run", 4)
     before = snapshot(run_dir)
-    for extra in ([], ["--max-steps", "4"], ["--max-steps", "3"]):
+    for extra in ([], ["--set", "max_steps=4"], ["--set", "max_steps=3"]):
         assert main(["train", *TINY_CLI, "--output", str(run_dir), "--resume", *extra]) == 0
         out = capsys.readouterr().out
         assert "already finished: step 4 of 4" in out and str(run_dir / "adapter") in out
@@ -318,19 +318,19 @@ def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tm
 
 
 def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
-    from grpo_kit.recipes import load_recipe, parse_set
-    from grpo_kit.train import coerce_overrides
+    from grpo_kit.recipes import check_grpo_fields, load_recipe, parse_set
 
-    overrides = coerce_overrides(load_recipe("cpu"), parse_set(
-        ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"]))
-    assert overrides == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
-                         "use_vllm": False}
-    assert type(overrides["max_steps"]) is int and type(overrides["beta"]) is float
+    recipe = check_grpo_fields(load_recipe("cpu", parse_set(
+        ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"])))
+    got = {k: recipe.grpo[k] for k in ("max_steps", "learning_rate", "beta", "lr_scheduler_type", "use_vllm")}
+    assert got == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
+                   "use_vllm": False}
+    assert type(got["max_steps"]) is int and type(got["beta"]) is float
 
 
 # ------------------------------------------------------------------------------------------------ real tiny runs
 
-REAL = ["--preset", "cpu", "--data", "arithmetic", "--rewards", "format", "--num-generations", "2",
+REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "--set", "num_generations=2",
         "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
         "--set", "save_steps=1", "--set", "logging_steps=1"]  # fmt: skip
 
@@ -339,13 +339,13 @@ REAL = ["--preset", "cpu", "--data", "arithmetic", "--rewards", "format", "--num
 def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
     base = ["train", *REAL, "--model", str(tiny_model_dir), "--output", str(run_dir)]
-    assert main([*base, "--max-steps", "2"]) == 0
+    assert main([*base, "--set", "max_steps=2"]) == 0
     capsys.readouterr()
     before = snapshot(run_dir)
     assert main([*base, "--resume"]) == 0  # the run.json max_steps (2) is the target
     assert "already finished: step 2 of 2" in capsys.readouterr().out
     assert snapshot(run_dir) == before  # no checkpoint-3, no metrics row, adapter untouched
-    assert main([*base, "--resume", "--max-steps", "3"]) == 0
+    assert main([*base, "--resume", "--set", "max_steps=3"]) == 0
     from grpo_kit.machinery.metrics import read_metrics
     from grpo_kit.machinery.runs import latest_checkpoint
 

@@ -335,19 +335,20 @@ def test_train_checks_the_server_before_any_weights_load(monkeypatch, tmp_path):
     assert not run_dir.exists()
 
 
-def test_cli_vllm_server_flag_sets_server_mode(monkeypatch):
+def test_cli_set_keys_select_server_mode(monkeypatch):
     import grpo_kit.train as train_module
     from grpo_kit.cli import main
 
     seen = {}
 
     def fake_train(preset, **kwargs):
-        seen["preset"] = preset
+        seen["preset"] = preset.with_overrides(kwargs["overrides"])
         raise _Stop
 
     monkeypatch.setattr(train_module, "train", fake_train)
     with pytest.raises(_Stop):
-        main(["train", "--preset", "a100-80gb", "--vllm-server", "http://gpu0:8000", "--backend", "transformers"])
+        main(["train", "--preset", "a100-80gb", "--set", "use_vllm=true", "--set", "vllm_mode=server", "--set",
+              "vllm_server_base_url=http://gpu0:8000", "--set", "backend=transformers"])
     preset = seen["preset"]
     assert (preset.use_vllm, preset.vllm_mode, preset.vllm_server_base_url) == (True, "server", "http://gpu0:8000")
     assert preset.backend == "transformers"
