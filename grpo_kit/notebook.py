@@ -422,7 +422,7 @@ def model_for(choice: str, preset) -> str:
 
 
 #: Seconds per optimizer step of each tier's recipe with its default model: ``(seconds, "measured" | "estimated")``.
-#: cpu: measured on a 2-core machine (command in docs/NOTEBOOKS.md). No GPU figure is measured. The GPU estimates
+#: cpu: measured with `make demo` on an idle 2-core machine (steps of 40-51 s; README). No GPU figure is measured. The GPU estimates
 #: scale the one public anchor, a saved T4 log of Unsloth's Llama-3.1-8B GRPO notebook (250 steps of 6 completions
 #: of at most 200 tokens in 13,743 s: ~22 completion tokens/s end to end), by completions per step x ~250 tokens (a
 #: typical GSM8K reasoning length), with an assumed 60 (L4), 150 (A100 40GB) and 300 (A100 80GB) tokens/s.
