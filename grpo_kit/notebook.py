@@ -12,8 +12,8 @@ every notebook the same answers to the same questions:
   ``runs/notebook`` in the project, or ``MyDrive/grpo-kit/notebook`` on Colab once Drive is mounted (so a
   disconnected runtime loses nothing).
 
-``ensure_trained_run(session)`` returns the finished adapter, resuming or training the session's recipe when it is
-missing, so notebooks 04 and 05 work even when 03 was never run.
+``find_trained_adapter(session, source)`` finds a trained adapter (the session's run, a folder or a Hub repo) for
+notebooks 04 and 05; they train only when the user asks for it in a cell (or CI's smoke mode makes a 2-step run).
 
 Smoke mode is on when ``GRPO_KIT_SMOKE=1`` (``runtime.smoke_mode()``, what CI sets) and also, unless
 ``GRPO_KIT_SMOKE=0`` says otherwise, when there is no GPU.
@@ -21,7 +21,6 @@ Smoke mode is on when ``GRPO_KIT_SMOKE=1`` (``runtime.smoke_mode()``, what CI se
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -36,6 +35,7 @@ GITHUB_REPO = "grpo-kit/grpo-kit"
 GITHUB_BRANCH = "main"
 #: The notebooks, in reading order.
 NOTEBOOKS = (
+    "00_train_grpo_colab.ipynb",
     "01_setup.ipynb",
     "02_grpo_explained.ipynb",
     "03_train.ipynb",
@@ -306,13 +306,15 @@ class NotebookSession:
         root: str | os.PathLike | None = None,
         smoke: bool | None = None,
         device=None,
+        model_choice: str | None = None,
         **overrides,
     ) -> NotebookSession:
         """Resolve preset, smoke mode and paths. ``preset``: a name, or None for the saved choice / ``auto``.
 
         Order: smoke mode forces ``cpu``; else an explicit ``preset``; else the one saved by notebook 01; else
         ``auto_recipe()``. ``overrides`` are preset fields (``load_recipe(name, **overrides)``); in smoke mode
-        ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step.
+        ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step. ``model_choice`` (a key of
+        ``MODEL_CHOICES``) swaps the tier's model on a GPU; smoke mode keeps the embedded CPU model.
         """
         from grpo_kit.planner import check_fits
         from grpo_kit.recipes import auto_recipe, load_recipe
@@ -337,6 +339,8 @@ class NotebookSession:
             name = chosen.name
             if chosen != load_recipe(name):  # auto_recipe adapted the tier (fallback model, fp16)
                 overrides = {**_differences(load_recipe(name), chosen), **overrides}
+        if model_choice and not smoke:
+            overrides = {**overrides, "model": model_for(model_choice, load_recipe(name, **overrides))}
         sizes_preset = load_recipe(name, **overrides)
         sizes = run_sizes(sizes_preset, smoke=smoke, on_gpu=device.kind == "cuda")
         if smoke:
@@ -383,13 +387,93 @@ class NotebookSession:
 
 
 def _differences(base, changed) -> dict:
-    """Fields of ``changed`` that differ from ``base`` (two presets), JSON-ready."""
-    out = {}
-    for field in dataclasses.fields(base):
-        new = getattr(changed, field.name)
-        if new != getattr(base, field.name):
-            out[field.name] = list(new) if isinstance(new, tuple) else new
+    """Values of ``changed`` that differ from ``base`` (two recipes), as ``--set`` keys."""
+    old = base.flat()
+    out = {k: v for k, v in changed.flat().items() if old.get(k) != v and k not in ("name", "description")}
+    if "rewards" in out:  # pairs again, as with_overrides reads them
+        out["rewards"] = [tuple(pair) for pair in out["rewards"]]
     return out
+
+
+# ------------------------------------------------------------------------------------------------ the main notebook
+
+#: The models 00_train_grpo_colab.ipynb offers on a GPU (Unsloth's uploads of the instruct models; ``model_for`` picks
+#: the pre-quantized ``-bnb-4bit`` upload for 4-bit tiers).
+MODEL_CHOICES = {
+    "Llama-3.1-8B": "unsloth/Meta-Llama-3.1-8B-Instruct",
+    "Qwen2.5-Math-7B": "unsloth/Qwen2.5-Math-7B-Instruct",
+    "Qwen2.5-1.5B": "unsloth/Qwen2.5-1.5B-Instruct",
+}
+
+
+def model_for(choice: str, preset) -> str:
+    """The Hub id of ``MODEL_CHOICES[choice]`` in the form ``preset`` loads (4-bit upload for 4-bit tiers).
+
+    >>> from grpo_kit.recipes import load_recipe
+    >>> model_for("Qwen2.5-Math-7B", load_recipe("t4-16gb")), model_for("Qwen2.5-1.5B", load_recipe("a100-80gb"))
+    ('unsloth/Qwen2.5-Math-7B-Instruct-bnb-4bit', 'unsloth/Qwen2.5-1.5B-Instruct')
+    """
+    if choice not in MODEL_CHOICES:
+        raise GrpoKitError(f"MODEL = {choice!r} is not offered. Choose one of: {', '.join(MODEL_CHOICES)}.")
+    model = MODEL_CHOICES[choice]
+    return f"{model}-bnb-4bit" if preset.load_in_4bit else model
+
+
+#: Seconds per optimizer step of each tier's recipe with its default model: ``(seconds, "measured" | "estimated")``.
+#: cpu: measured with `make demo` on an idle 2-core machine (steps of 40-51 s; README). No GPU figure is measured. The GPU estimates
+#: scale the one public anchor, a saved T4 log of Unsloth's Llama-3.1-8B GRPO notebook (250 steps of 6 completions
+#: of at most 200 tokens in 13,743 s: ~22 completion tokens/s end to end), by completions per step x ~250 tokens (a
+#: typical GSM8K reasoning length), with an assumed 60 (L4), 150 (A100 40GB) and 300 (A100 80GB) tokens/s.
+STEP_SECONDS = {
+    "cpu": (45.0, "measured"),
+    "cpu-answers": (168.0, "measured"),  # bench_cpu_answers: 842 s for 5 steps, 2 cores shared with other jobs
+    "t4-16gb": (45.0, "estimated"),
+    "l4-24gb": (67.0, "estimated"),
+    "a100-40gb": (27.0, "estimated"),
+    "a100-80gb": (53.0, "estimated"),
+}
+
+
+def expected_minutes(preset, steps: int | None = None) -> str:
+    """``"~N min (measured|estimated)"`` for ``steps`` (default: the preset's) of ``preset``'s tier.
+
+    >>> from grpo_kit.recipes import load_recipe
+    >>> expected_minutes(load_recipe("t4-16gb"), 20)
+    '~15 min (estimated)'
+    """
+    seconds, source = STEP_SECONDS.get(preset.name, (float("nan"), "unknown"))
+    if source == "unknown":
+        return "no time estimate for this recipe"
+    minutes = seconds * (preset.max_steps if steps is None else steps) / 60
+    return f"~{minutes:.0f} min ({source})"
+
+
+def expected_time_table(presets=None):
+    """A ``pandas.DataFrame``: per tier, its model, steps, minutes per 10 steps and for the whole run, and whether
+    the figure was measured or estimated (``STEP_SECONDS``). Training steps only: loading and evaluation come on top."""
+    import pandas as pd
+
+    from grpo_kit.recipes import RECIPES
+
+    rows = []
+    for preset in (presets or RECIPES.values()):
+        seconds, source = STEP_SECONDS.get(preset.name, (float("nan"), "unknown"))
+        rows.append({"tier": preset.name, "model": preset.model_id.split("/")[-1], "steps": preset.max_steps,
+                     "min / 10 steps": round(seconds * 10 / 60, 1),
+                     "min / whole run": round(seconds * preset.max_steps / 60), "figure": source})
+    return pd.DataFrame(rows).set_index("tier")
+
+
+def save_run_record(run_dir: str | os.PathLike, preset, *, data: str, reward_names) -> Path:
+    """Write ``run.json`` (recipe, model, data, rewards) into ``run_dir``: what chat, evaluation, export and the
+    resume check (``recipe_mismatch``) read to rebuild the prompt and find the base model."""
+    path = Path(run_dir) / "run.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from grpo_kit.train import run_info
+
+    record = run_info(preset, data=data, overrides={}, reward_names=list(reward_names))
+    path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")
+    return path
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -440,7 +524,7 @@ def load_finished_run(run_dir: str | os.PathLike):
     run_dir = Path(run_dir)
     adapter = run_dir / "adapter"
     if not (adapter / "adapter_config.json").is_file():
-        raise GrpoKitError(f"{run_dir} has no finished adapter. Run notebook 03 (or ensure_trained_run) first.")
+        raise GrpoKitError(f"{run_dir} has no finished adapter. Train it first: 00_train_grpo_colab.ipynb, or notebook 03.")
     history = read_metrics(run_dir / "metrics.jsonl")
     checkpoint = latest_checkpoint(run_dir)
     steps = int(checkpoint.name.split("-", 1)[1]) if checkpoint else max((r.get("step", 0) for r in history), default=0)
@@ -472,15 +556,16 @@ def set_aside(folder: str | os.PathLike) -> Path | None:
     return target
 
 
-def train_session(session: NotebookSession, *, restart: bool = False, callbacks: tuple = ()):
-    """Train the session's recipe into ``session.paths.run_dir``; returns a ``TrainResult``.
+def prepare_run(session: NotebookSession, *, restart: bool = False) -> tuple[str, Path | None]:
+    """Make ``session.paths.run_dir`` ready to train into: ``(status, checkpoint to resume from or None)``.
 
-    - a finished run (``run_status == "done"``) is loaded, not retrained;
-    - a run with a checkpoint is resumed from its latest complete checkpoint (e.g. after a Colab disconnect);
-    - ``restart=True``, or a run folder made with a different recipe (``recipe_mismatch``), moves the old run
-      folder aside (``train.old-<time>``) and starts over.
+    ``status`` is ``run_status``'s: ``"done"`` (nothing to train), ``"partial"`` (resume from the checkpoint, its
+    metrics cut to match) or ``"new"``. ``restart=True``, or a folder trained with a different recipe
+    (``recipe_mismatch``), is moved aside (``train.old-<time>``) first; so is a folder with files but no checkpoint
+    (a run that died before its first save, kept for inspection). Nothing is deleted.
     """
-    from grpo_kit.train import train
+    from grpo_kit.machinery.metrics import truncate_metrics
+    from grpo_kit.machinery.runs import checkpoint_step, latest_checkpoint
 
     run_dir = session.paths.run_dir
     changed = recipe_mismatch(run_dir, session.preset)
@@ -489,25 +574,103 @@ def train_session(session: NotebookSession, *, restart: bool = False, callbacks:
     if restart or changed:
         set_aside(run_dir)
     status = run_status(run_dir, session.sizes.max_steps)
-    if status == "done":
-        return load_finished_run(run_dir)
     if status == "new" and run_dir.exists() and any(run_dir.iterdir()):
-        set_aside(run_dir)  # files but no checkpoint: a run that died before its first save; keep it for inspection
+        set_aside(run_dir)
+    checkpoint = latest_checkpoint(run_dir) if status == "partial" else None
+    if checkpoint is not None:
+        truncate_metrics(run_dir / "metrics.jsonl", checkpoint_step(checkpoint))
+    return status, checkpoint
+
+
+def train_session(session: NotebookSession, *, restart: bool = False, callbacks: tuple = ()):
+    """Train the session's recipe into ``session.paths.run_dir`` with ``grpo_kit.train.train``; returns a
+    ``TrainResult``. A finished run is loaded, not retrained; an interrupted one resumes (``prepare_run``)."""
+    from grpo_kit.train import train
+
+    status, _ = prepare_run(session, restart=restart)
+    if status == "done":
+        return load_finished_run(session.paths.run_dir)
     return train(
         session.preset,
         data=session.sizes.train_data,
         overrides={"max_steps": session.sizes.max_steps},
-        output_dir=run_dir,
+        output_dir=session.paths.run_dir,
         resume=status == "partial",
         callbacks=callbacks,
     )
 
 
-def ensure_trained_run(session: NotebookSession) -> Path:
-    """The finished adapter of the session's run: made by notebook 03, else resumed or trained now."""
-    if run_status(session.paths.run_dir, session.sizes.max_steps) != "done":
-        print(f"No finished run in {session.paths.run_dir}: training the '{session.preset.name}' recipe now.")
+def find_trained_adapter(session: NotebookSession, source: str = "", *, train_if_missing: bool = False) -> Path:
+    """The LoRA adapter to evaluate or export, found without training unless ``train_if_missing`` says so.
+
+    ``source``: a local folder (an adapter, a run folder holding ``adapter/``, or an export holding ``lora/``), a
+    Hugging Face Hub repo id (``user/name``, downloaded with ``hub_token()``), or empty for the session's own run
+    (``runs/notebook/<preset>/train``, or on Drive). Nothing found raises ``GrpoKitError`` saying how to get a run;
+    ``train_if_missing=True`` (a cell the user sets, or CI's smoke mode) trains/resumes the session's recipe instead.
+    """
+    if source:
+        return _adapter_in(_local_or_hub(source), source)
+    run_dir = session.paths.run_dir
+    if run_status(run_dir, session.sizes.max_steps) == "done":
+        return run_dir / "adapter"
+    if not train_if_missing:
+        raise GrpoKitError(
+            f"No finished run of the '{session.preset.name}' recipe in {run_dir}. Train it in 00_train_grpo_colab.ipynb "
+            "(same session folder: on Colab mount Drive in both), or set ADAPTER to an adapter folder or a Hub repo id, "
+            f"or set TRAIN_IF_MISSING = True to train it here ({session.sizes.max_steps} steps; "
+            f"{expected_minutes(session.preset, session.sizes.max_steps)})."
+        )
+    print(f"No finished run in {run_dir}: training the '{session.preset.name}' recipe now (TRAIN_IF_MISSING).")
     return Path(train_session(session).adapter_dir)
+
+
+def _local_or_hub(source: str) -> Path:
+    """``source`` as a local path when it exists, else a Hub repo downloaded to the local cache."""
+    path = Path(source).expanduser()
+    if path.exists():
+        return path
+    if source.count("/") != 1 or source.startswith(("/", ".", "~")):
+        raise GrpoKitError(f"{source} does not exist. Give an adapter folder, or a Hub repo id such as user/grpo-model.")
+    from huggingface_hub import snapshot_download
+
+    from grpo_kit.export import hub_token
+
+    try:
+        return Path(snapshot_download(source, token=hub_token()))
+    except Exception as error:  # offline, private without a token, or no such repo
+        raise GrpoKitError(
+            f"Could not download {source} from the Hugging Face Hub ({type(error).__name__}). Check the repo id, the "
+            "network, and for a private repo the HF_TOKEN secret; or give a local adapter folder."
+        ) from None
+
+
+def _adapter_in(folder: Path, source: str) -> Path:
+    for candidate in (folder, folder / "adapter", folder / "lora"):
+        if (candidate / "adapter_config.json").is_file():
+            return candidate
+    raise GrpoKitError(
+        f"{source} holds no LoRA adapter (no adapter_config.json in it, in adapter/ or in lora/). Point to a run's "
+        "adapter/ folder, or to an export made by 05_export.ipynb."
+    )
+
+
+def load_adapter_weights(model, adapter_dir: str | os.PathLike) -> None:
+    """Put a saved LoRA adapter's weights into ``model`` (a PEFT model with the same LoRA settings), in place.
+
+    The main notebook uses it when its run is already finished (a second "Run all", or after a disconnect), so the
+    model in memory is the trained one without training again.
+    """
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    weights = Path(adapter_dir) / "adapter_model.safetensors"
+    if not weights.is_file():
+        raise GrpoKitError(f"{weights} is missing: {adapter_dir} is not a finished adapter. Train again (RESTART).")
+    result = set_peft_model_state_dict(model, load_file(str(weights)))
+    missing = [key for key in getattr(result, "unexpected_keys", []) if "lora_" in key]
+    if missing:
+        raise GrpoKitError(f"{adapter_dir} does not fit this model ({missing[0]} ...): it was trained with other LoRA "
+                           "settings. Set RESTART = True to train this recipe from scratch (the old run is kept).")
 
 
 # ------------------------------------------------------------------------------------------------ data and rewards
@@ -527,6 +690,8 @@ EXAMPLE_COMPLETIONS = (
 def score_examples(names, prefill: str, examples=EXAMPLE_COMPLETIONS, gold: str = EXAMPLE_GOLD):
     """A ``pandas.DataFrame``: one row per example completion, one column per reward in ``names``, plus the total.
 
+    ``names``: reward names, reward functions (one written in a notebook cell) or ``(name or function, weight)``.
+
     The examples are written as the text after ``<think>\n``; each is scored as the completion a model given the
     preset's ``prefill`` would write (with no prefill the completion itself opens ``<think>``), so the table shows
     what this preset's rewards really pay. The total is the weighted sum GRPO sees when ``names`` are
@@ -534,19 +699,20 @@ def score_examples(names, prefill: str, examples=EXAMPLE_COMPLETIONS, gold: str 
     """
     import pandas as pd
 
-    from grpo_kit.rewards import score_completions
+    from grpo_kit.rewards import parse_reward_spec, score_completions
 
     def as_completion(text: str) -> str:
         full = "<think>\n" + text
         return full[len(prefill):] if full.startswith(prefill) else full
 
-    pairs = [(n, 1.0) if isinstance(n, str) else (str(n[0]), float(n[1])) for n in names]
-    scores = score_completions([as_completion(text) for _, text in examples], gold, [n for n, _ in pairs], prefill)
+    _, weights, labels = parse_reward_spec(list(names))  # names, functions or (either, weight) pairs
+    unweighted = [n[0] if isinstance(n, tuple) else n for n in names]
+    scores = score_completions([as_completion(text) for _, text in examples], gold, unweighted, prefill)
     rows = []
     for (label, _), row in zip(examples, scores, strict=True):
         out = {"completion": label}
-        out.update({name: row[name] for name, _ in pairs})
-        out["weighted total"] = round(sum(row[name] * weight for name, weight in pairs), 4)
+        out.update({name: row[name] for name in labels})
+        out["weighted total"] = round(sum(row[name] * weight for name, weight in zip(labels, weights, strict=True)), 4)
         rows.append(out)
     return pd.DataFrame(rows).set_index("completion")
 
@@ -779,23 +945,19 @@ def strip_notebook(path: str | os.PathLike) -> bool:
     return changed
 
 
+def gguf_types(preset) -> str:
+    """GGUF types to write: ``q8_0`` on a CPU (the kit's own writer), ``q4_k_m,q8_0,f16`` on a GPU tier (Unsloth's
+    llama.cpp route, the types Ollama users pick from; not run on a GPU).
+
+    >>> from grpo_kit.recipes import load_recipe
+    >>> gguf_types(load_recipe("cpu")), gguf_types(load_recipe("t4-16gb"))
+    ('q8_0', 'q4_k_m,q8_0,f16')
+    """
+    return "q8_0" if preset.vram_gb == 0 else "q4_k_m,q8_0,f16"
+
+
 if __name__ == "__main__":
     import sys
 
     for name in sys.argv[1:]:
         print(f"{'stripped' if strip_notebook(name) else 'clean   '} {name}")
-
-
-def export_formats(preset) -> tuple[str, ...]:
-    """Export formats notebook 05 makes for ``preset``: all three where the 16-bit merge fits, else the adapter only.
-
-    A merged 16-bit 8B model needs ~16 GB of GPU memory to merge and verify, more than a T4 or L4 has next to
-    training; there the LoRA adapter is exported, and merging is left to a bigger card (or ``grpo-kit export`` later).
-
-    >>> from grpo_kit.recipes import load_recipe
-    >>> export_formats(load_recipe("cpu")), export_formats(load_recipe("t4-16gb")), export_formats(load_recipe("a100-80gb"))
-    (('lora', 'merged16', 'gguf'), ('lora',), ('lora', 'merged16', 'gguf'))
-    """
-    if preset.vram_gb == 0 or preset.vram_gb >= 39:
-        return ("lora", "merged16", "gguf")
-    return ("lora",)

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,12 +29,13 @@ from grpo_kit.notebook import (
     copy_to_drive,
     default_root,
     drive_root,
-    ensure_trained_run,
     find_project_root,
+    find_trained_adapter,
     load_choice,
     load_finished_run,
     local_root,
     model_card_preview,
+    prepare_run,
     run_sizes,
     run_status,
     save_choice,
@@ -46,6 +49,7 @@ from grpo_kit.notebook import (
 )
 from grpo_kit.recipes import load_recipe
 from grpo_kit.runtime import DeviceInfo
+from grpo_kit.machinery.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -97,15 +101,22 @@ def test_notebook_opens_with_its_colab_badge_and_a_title(name):
     assert "\n# " in first.source  # a title follows the badge
 
 
+#: Notebooks that train or export on a GPU, and so install the GPU stack; 02 (toy tensors) installs the kit only.
+GPU_NOTEBOOKS = tuple(name for name in NOTEBOOKS if not name.startswith("02"))
+
+
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_install_cell_runs_first_and_only_on_colab(name):
     nb = _read(name)
     install = _code_cells(nb)[0]
-    # The per-runtime installer runs in a child process, told what this kernel has imported (for the restart check).
-    assert '"-m", "grpo_kit.colab_install", "--install"' in install.source and '"--loaded"' in install.source
     assert '"google.colab" not in sys.modules' in install.source
     assert "Restart" in install.source  # the restart caveat
     assert "grpo_kit" not in [n.split(".")[0] for n in _imported_modules(install.source)]
+    if name in GPU_NOTEBOOKS:
+        # The per-runtime installer runs in a child process, told what this kernel has imported (restart check).
+        assert '"-m", "grpo_kit.colab_install", "--install"' in install.source and '"--loaded"' in install.source
+    else:
+        assert '"grpo_kit.colab_install"' not in install.source and "-r" not in install.source.split()
     # A markdown cell explains it before it runs.
     index = nb.cells.index(install)
     assert nb.cells[index - 1].cell_type == "markdown" and "Restart session" in nb.cells[index - 1].source
@@ -411,7 +422,8 @@ def fake_train(monkeypatch, fake_checkpoint):
     """Replace grpo_kit.train.train with a recorder that writes a finished run."""
     calls = []
 
-    def train(preset, *, output_dir, resume, max_steps, **kwargs):
+    def train(preset, *, output_dir, resume, overrides, **kwargs):
+        max_steps = overrides["max_steps"]
         calls.append({"preset": preset, "output_dir": Path(output_dir), "resume": resume, "max_steps": max_steps, **kwargs})
         run = Path(output_dir)
         run.mkdir(parents=True, exist_ok=True)
@@ -449,11 +461,72 @@ def test_train_session_keeps_a_run_that_died_before_its_first_checkpoint(smoke_s
     assert (next(run.parent.glob("train.old-*")) / "run.json").is_file()
 
 
-def test_ensure_trained_run_returns_the_adapter(smoke_session, fake_train, capsys):
-    adapter = ensure_trained_run(smoke_session)
-    assert adapter == smoke_session.paths.run_dir / "adapter"
-    assert "training" in capsys.readouterr().out
-    assert ensure_trained_run(smoke_session) == adapter and len(fake_train) == 1
+def test_find_trained_adapter_never_trains_unless_asked(smoke_session, fake_train, capsys):
+    with pytest.raises(GrpoKitError, match="TRAIN_IF_MISSING = True") as error:
+        find_trained_adapter(smoke_session)
+    assert "00_train_grpo_colab.ipynb" in str(error.value) and fake_train == []
+    adapter = find_trained_adapter(smoke_session, train_if_missing=True)
+    assert adapter == smoke_session.paths.run_dir / "adapter" and len(fake_train) == 1
+    assert "TRAIN_IF_MISSING" in capsys.readouterr().out
+    assert find_trained_adapter(smoke_session) == adapter and len(fake_train) == 1  # found, not trained again
+
+
+def test_find_trained_adapter_reads_folders_run_export_or_adapter(smoke_session, tmp_path, fake_train):
+    run = tmp_path / "elsewhere" / "run"
+    _fake_adapter(run)
+    export = tmp_path / "export"
+    (export / "lora").mkdir(parents=True)
+    (export / "lora" / "adapter_config.json").write_text("{}")
+    assert find_trained_adapter(smoke_session, str(run)) == run / "adapter"
+    assert find_trained_adapter(smoke_session, str(run / "adapter")) == run / "adapter"
+    assert find_trained_adapter(smoke_session, str(export)) == export / "lora"
+    with pytest.raises(GrpoKitError, match="no LoRA adapter"):
+        find_trained_adapter(smoke_session, str(tmp_path))
+    with pytest.raises(GrpoKitError, match="does not exist"):
+        find_trained_adapter(smoke_session, str(tmp_path / "missing" / "deeper"))
+    assert fake_train == []
+
+
+def test_find_trained_adapter_downloads_a_hub_repo_with_the_token(smoke_session, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    calls = []
+
+    def snapshot_download(repo_id, token=None):
+        calls.append((repo_id, token))
+        (tmp_path / "hub" / "lora").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "hub" / "lora" / "adapter_config.json").write_text("{}")
+        return str(tmp_path / "hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    monkeypatch.chdir(tmp_path)  # "me/grpo-model" must not exist as a local folder
+    assert find_trained_adapter(smoke_session, "me/grpo-model") == tmp_path / "hub" / "lora"
+    assert calls == [("me/grpo-model", "hf_secret")]
+
+    def offline(repo_id, token=None):
+        raise OSError("offline hf_secret")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(GrpoKitError, match="Could not download me/grpo-model") as error:
+        find_trained_adapter(smoke_session, "me/grpo-model")
+    assert "hf_secret" not in str(error.value)
+
+
+def test_prepare_run_resumes_cuts_metrics_and_reports_done(smoke_session, fake_checkpoint):
+    run = smoke_session.paths.run_dir
+    assert prepare_run(smoke_session) == ("new", None)
+    fake_checkpoint(run, 1)
+    rows = [{"step": 1, "reward": 0.0}, {"step": 2, "reward": 1.0}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    status, checkpoint = prepare_run(smoke_session)
+    assert (status, checkpoint) == ("partial", run / "checkpoint-1")
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1]  # step 2 will be logged again
+    fake_checkpoint(run, nbk.SMOKE_STEPS)
+    _fake_adapter(run)
+    assert prepare_run(smoke_session) == ("done", None)
+    assert prepare_run(smoke_session, restart=True) == ("new", None) and not run.exists()
+    assert len(list(run.parent.glob("train.old-*"))) == 1
 
 
 # --------------------------------------------------------------------------------------------- data, eval, export
@@ -602,3 +675,219 @@ def test_recipe_mismatch_is_empty_for_the_same_recipe_or_no_record(tmp_path, smo
     assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []
     (tmp_path / "run.json").write_text(json.dumps({"recipe": smoke_session.preset.to_dict()}, default=str))
     assert nbk.recipe_mismatch(tmp_path, smoke_session.preset) == []
+
+
+def test_score_examples_takes_a_reward_written_in_a_cell():
+    def shows_work(completions, **kwargs):
+        return [0.5 if "=" in c else 0.0 for c in completions]
+
+    table = score_examples([("correctness", 2.0), (shows_work, 3.0)], prefill="<think>\n")
+    assert list(table.columns) == ["correctness", "shows_work", "weighted total"]
+    last = table.iloc[-1]
+    assert last["weighted total"] == 2.0 * last["correctness"] + 3.0 * last["shows_work"] == 5.5
+
+
+# --------------------------------------------------------------------------------------------- the main notebook
+
+
+def test_model_choice_swaps_the_model_in_the_tiers_form(tmp_path):
+    t4 = NotebookSession.open("auto", root=tmp_path, smoke=False, device=T4, model_choice="Qwen2.5-Math-7B")
+    assert t4.preset.name == "t4-16gb" and t4.preset.model_id == "unsloth/Qwen2.5-Math-7B-Instruct-bnb-4bit"
+    big = NotebookSession.open("a100-80gb", root=tmp_path, smoke=False, device=A100, model_choice="Qwen2.5-1.5B")
+    assert big.preset.model_id == "unsloth/Qwen2.5-1.5B-Instruct"  # a 16-bit tier loads the 16-bit upload
+    smoke = NotebookSession.open("auto", root=tmp_path, smoke=True, device=CPU, model_choice="Llama-3.1-8B")
+    assert smoke.preset.model_id == load_recipe("cpu").model  # the CPU keeps its embedded model
+    with pytest.raises(GrpoKitError, match="Qwen2.5-1.5B"):
+        NotebookSession.open("auto", root=tmp_path, smoke=False, device=T4, model_choice="GPT-5")
+
+
+def test_the_model_choice_is_saved_for_the_deep_dive_notebooks(tmp_path):
+    chosen = NotebookSession.open("auto", root=tmp_path, smoke=False, device=T4, model_choice="Qwen2.5-1.5B",
+                                  max_steps=20)
+    chosen.save_choice()
+    reopened = NotebookSession.open(root=tmp_path, smoke=False, device=T4)  # 04 / 05 opened alone
+    assert reopened.preset == chosen.preset and reopened.paths.run_dir == chosen.paths.run_dir
+
+
+def test_every_tier_has_a_time_figure_and_no_gpu_figure_claims_a_measurement():
+    from grpo_kit.recipes import RECIPES
+
+    table = nbk.expected_time_table()
+    assert list(table.index) == list(RECIPES)
+    assert set(table["figure"]) <= {"measured", "estimated"}
+    gpu_tiers = [name for name, preset in RECIPES.items() if preset.vram_gb > 0]
+    assert (table.loc[gpu_tiers, "figure"] == "estimated").all()
+    t4 = table.loc["t4-16gb"]
+    assert t4["min / whole run"] == pytest.approx(t4["min / 10 steps"] * t4["steps"] / 10, rel=0.05)
+    assert "estimated" in nbk.expected_minutes(load_recipe("l4-24gb")) and nbk.expected_minutes(load_recipe("cpu"), 8)
+
+
+def test_the_visible_grpo_config_matches_what_train_builds(tmp_path):
+    """The main notebook writes GRPOConfig(...) in a cell; its recipe fields must be the ones train() would use."""
+    from grpo_kit.train import build_grpo_config
+
+    preset = load_recipe("cpu")
+    reference = build_grpo_config(preset, tmp_path, on_cpu=True)
+    for key, value in preset.grpo.items():  # the notebook passes **preset.grpo: the same values train() uses
+        assert getattr(reference, key) == value, key
+    source = "\n".join(c.source for c in _code_cells(_read("00_train_grpo_colab.ipynb")))
+    assert "**preset.grpo" in source and "trl.GRPOConfig(" in source
+
+
+def test_save_run_record_lets_chat_and_the_resume_check_read_the_run(tmp_path, smoke_session):
+    from grpo_kit.evaluate import run_prompt_settings
+
+    preset = smoke_session.preset
+    nbk.save_run_record(tmp_path, preset, data="sample", reward_names=["tag_progress", "shows_calculation"])
+    assert run_prompt_settings(tmp_path / "adapter") == {"few_shot": preset.few_shot, "prefill": preset.prefill}
+    assert nbk.recipe_mismatch(tmp_path, preset) == []
+    assert nbk.recipe_mismatch(tmp_path, preset.with_overrides(learning_rate=1.0)) == ["learning_rate"]
+
+
+def test_load_adapter_weights_restores_a_finished_run(tiny_model_dir, tmp_path):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    def fresh():
+        base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+        return get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+
+    trained = fresh()
+    with torch.no_grad():
+        for name, param in trained.named_parameters():
+            if "lora_B" in name:
+                param.add_(0.5)
+    trained.save_pretrained(tmp_path / "adapter")
+    model = fresh()
+    nbk.load_adapter_weights(model, tmp_path / "adapter")
+    theirs = dict(trained.named_parameters())
+    assert all(torch.equal(p, theirs[n]) for n, p in model.named_parameters() if "lora_" in n)
+    with pytest.raises(GrpoKitError, match="RESTART"):
+        nbk.load_adapter_weights(model, tmp_path)
+
+
+# --------------------------------------------------------------------------------------------- Colab, with a stand-in
+
+
+@pytest.fixture
+def fake_colab(monkeypatch):
+    """A stand-in ``google.colab`` (drive.mount, userdata.get) in sys.modules: what ``in_colab()`` looks for."""
+    import sys
+    import types
+
+    mounted, secrets = [], {"HF_TOKEN": "hf_from_colab"}
+
+    def mount(path):
+        mounted.append(path)
+        (Path(path) / "MyDrive").mkdir(parents=True, exist_ok=True)
+
+    google = types.ModuleType("google")
+    colab = types.ModuleType("google.colab")
+    colab.drive = SimpleNamespace(mount=mount)
+    colab.userdata = SimpleNamespace(get=lambda key: secrets[key])
+    google.colab = colab
+    monkeypatch.setitem(sys.modules, "google", google)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    return SimpleNamespace(mounted=mounted, secrets=secrets)
+
+
+def test_on_colab_drive_is_mounted_and_the_session_lives_there(fake_colab, tmp_path, monkeypatch):
+    monkeypatch.delenv(nbk.ROOT_ENV, raising=False)
+    mount = tmp_path / "drive"
+    root = nbk.mount_drive_if_colab(mount)
+    assert fake_colab.mounted == [str(mount)] and root == mount / "MyDrive" / "grpo-kit" / "notebook"
+    assert root.is_dir() and default_root(tmp_path, mount=mount) == root
+
+
+def test_on_colab_the_hub_token_comes_from_the_secret(fake_colab, monkeypatch):
+    from grpo_kit.export import hub_token
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert hub_token() == "hf_from_colab"
+    fake_colab.secrets.clear()  # the secret missing, or access not granted
+    assert hub_token() is None
+
+
+_FIND_SPEC = importlib.util.find_spec
+
+
+def _run_install_cell(name, monkeypatch, *, installed: bool):
+    """Execute notebook ``name``'s install cell with subprocess and find_spec replaced; returns the commands run."""
+    import subprocess as sp
+
+    commands = []
+    monkeypatch.setattr(sp, "run", lambda cmd, **kwargs: commands.append(list(cmd)))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda mod, *a: (
+        _FIND_SPEC(mod, *a) if installed or mod not in ("grpo_kit", "trl") else None))
+    monkeypatch.setattr("os.path.isdir", lambda path: False)
+    exec(compile(_code_cells(_read(name))[0].source, name, "exec"), {})
+    return commands
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_install_cell_on_colab_installs_what_the_notebook_needs(name, fake_colab, monkeypatch, capsys):
+    commands = _run_install_cell(name, monkeypatch, installed=False)
+    flat = [" ".join(command) for command in commands]
+    if name in GPU_NOTEBOOKS:
+        assert flat[0].startswith("git clone") and "grpo_kit.colab_install --install" in flat[1]
+        loaded = commands[1][commands[1].index("--loaded") + 1].split(",")
+        assert "sys" in loaded and "google" in loaded  # the kernel's imports, for the restart decision
+    else:
+        assert len(commands) == 1 and "pip install" in flat[0] and "git+https://github.com/grpo-kit/grpo-kit" in flat[0]
+        assert not any(word in flat[0] for word in ("unsloth", "vllm", "bitsandbytes", "colab_install"))
+    assert _run_install_cell(name, monkeypatch, installed=True) == []  # installed: nothing runs again
+    assert "already installed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_install_cell_off_colab_does_nothing(name, monkeypatch, capsys):
+    assert _run_install_cell(name, monkeypatch, installed=False) == []
+    assert "Not on Colab" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------------------------- the notebooks' cells
+
+
+def _sources(name: str) -> str:
+    return "\n".join(cell.source for cell in _code_cells(_read(name)))
+
+
+def test_main_notebook_shows_the_wiring_in_its_cells():
+    code = _sources(NOTEBOOKS[0])
+    for visible in ("FastLanguageModel.from_pretrained(", "FastLanguageModel.get_peft_model(", "get_peft_model(base",
+                    "trl.GRPOConfig(", "trl.GRPOTrainer(", "trainer.train(", "CompletionSamples(", "evaluate(model",
+                    "ask(model", "export(adapter_dir", "copy_to_drive("):
+        assert visible in code, visible
+    tree = ast.parse(code)
+    own = [n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    assert own == ["shows_calculation"] and "(shows_calculation, " in code  # a reward of its own, used in training
+    # Unsloth is imported (prepare_backend) before the first TRL / transformers / PEFT import.
+    order = [line.strip() for line in code.splitlines()]
+    first_heavy = min(i for i, line in enumerate(order) if re.match(r"(import|from) (trl|transformers|peft)\b", line))
+    assert min(i for i, line in enumerate(order) if "prepare_backend(preset)" in line) < first_heavy
+
+
+@pytest.mark.parametrize("name", ["04_evaluate.ipynb", "05_export.ipynb"])
+def test_evaluate_and_export_notebooks_do_not_train_by_themselves(name):
+    code = _sources(name)
+    assert "train_session(" not in code and "ensure_trained_run" not in code and "trainer.train(" not in code
+    assert "find_trained_adapter(session, ADAPTER, train_if_missing=TRAIN_IF_MISSING or smoke_mode())" in code
+    assert "TRAIN_IF_MISSING = False" in code
+
+
+@pytest.mark.slow
+def test_main_notebook_runs_in_smoke_mode_and_shows_sampled_completions(tmp_path, monkeypatch):
+    import nbclient
+
+    monkeypatch.setenv("GRPO_KIT_SMOKE", "1")
+    monkeypatch.setenv(nbk.ROOT_ENV, str(tmp_path / "runs"))
+    nb = _read(NOTEBOOKS[0])
+    nbclient.NotebookClient(nb, timeout=600, resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()
+    text = "\n".join(
+        str(output.get("text", "")) + str(output.get("data", {}).get("text/plain", ""))
+        for cell in _code_cells(nb) for output in cell.outputs
+    )
+    assert "sampled completions and their rewards" in text and "shows_calculation=" in text
+    assert (tmp_path / "runs" / "cpu" / "train" / "adapter" / "adapter_config.json").is_file()
+    assert (tmp_path / "runs" / "cpu" / "eval" / "after.json").is_file()
