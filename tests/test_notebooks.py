@@ -353,7 +353,7 @@ def test_a_saved_choice_that_no_longer_fits_is_flagged(tmp_path):
 def test_adapted_auto_preset_survives_save_and_reopen(tmp_path):
     small = DeviceInfo("cuda", "small GPU", 8.0, False)
     first = NotebookSession.open(root=tmp_path, smoke=False, device=small)
-    assert first.preset.model_id != load_recipe("t4-16gb").model  # the 1.5B fallback
+    assert first.preset.model_id != load_recipe("t4-16gb").model_id  # the 1.5B fallback
     first.save_choice()
     assert load_choice(tmp_path)["overrides"]["model"] == first.preset.model_id
     again = NotebookSession.open(root=tmp_path, smoke=False, device=small)
@@ -361,7 +361,7 @@ def test_adapted_auto_preset_survives_save_and_reopen(tmp_path):
 
 
 def test_unknown_preset_name_is_a_user_error(tmp_path):
-    with pytest.raises(GrpoKitError, match="Unknown preset"):
+    with pytest.raises(GrpoKitError, match="Unknown recipe"):
         NotebookSession.open("t5-16gb", root=tmp_path, smoke=False, device=T4)
 
 
@@ -696,7 +696,7 @@ def test_model_choice_swaps_the_model_in_the_tiers_form(tmp_path):
     big = NotebookSession.open("a100-80gb", root=tmp_path, smoke=False, device=A100, model_choice="Qwen2.5-1.5B")
     assert big.preset.model_id == "unsloth/Qwen2.5-1.5B-Instruct"  # a 16-bit tier loads the 16-bit upload
     smoke = NotebookSession.open("auto", root=tmp_path, smoke=True, device=CPU, model_choice="Llama-3.1-8B")
-    assert smoke.preset.model_id == load_recipe("cpu").model  # the CPU keeps its embedded model
+    assert smoke.preset.model_id == load_recipe("cpu").model_id  # the CPU keeps its embedded model
     with pytest.raises(GrpoKitError, match="Qwen2.5-1.5B"):
         NotebookSession.open("auto", root=tmp_path, smoke=False, device=T4, model_choice="GPT-5")
 
