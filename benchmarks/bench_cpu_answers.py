@@ -7,7 +7,7 @@ no calculation of the train split appears there, even under another name). Print
 - the correctness reward per step (share of the sampled completions that were right, and TRL's share of groups
   with equal rewards, which teach nothing), and saves that curve as a PNG whose path it prints;
 - strict accuracy before and after, each with a 95 % Wilson interval, and the change with a 95 % paired interval
-  (Newcombe) and the exact McNemar test (``grpo_kit.stats``);
+  (Newcombe) and the exact McNemar test (``grpo_kit.machinery.stats``);
 - the verdict against the target: +15 points or more, zero outside the interval, training <= 15 minutes.
 
     .venv/bin/python benchmarks/bench_cpu_answers.py [--steps N] [--minutes 15] [--questions 200] [--threads 2]
@@ -122,8 +122,8 @@ def main(argv=None) -> int:
 
     from grpo_kit.data import load_gsm8k
     from grpo_kit.evaluate import evaluate_before_after
+    from grpo_kit.machinery.stats import paired_difference
     from grpo_kit.recipes import load_recipe, parse_set
-    from grpo_kit.stats import paired_difference
     from grpo_kit.train import train
 
     preset = load_recipe("cpu-answers", **parse_set(args.set))

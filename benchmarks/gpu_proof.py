@@ -63,7 +63,7 @@ OFFLINE_ENV = {
 #   scripts/models/llama3.1-8B.sh (4096/14336/32 layers/8 KV groups/128256, rope 500000 x8) and oumi
 #   configs/recipes/llama3_1/README.md; Qwen2.5-7B's linear shapes (3584 x 18944, KV 512) in public layer tables;
 #   Qwen2.5-1.5B's 1536/8960/28/12/2/151936 with tied embeddings. tests/test_gpu_proof.py counts the parameters of
-#   each built shape (meta device) against the published totals that grpo_kit.planner holds.
+#   each built shape (meta device) against the published totals that grpo_kit.machinery.planner holds.
 ARCHS: dict[str, dict] = {
     "llama-3.1-8b": {
         "model_type": "llama",
@@ -122,7 +122,7 @@ ARCHS: dict[str, dict] = {
         "tie_word_embeddings": True,
     },
 }
-#: The published parameter counts (grpo_kit.planner's table), to show next to the built shape's own count.
+#: The published parameter counts (grpo_kit.machinery.planner's table), to show next to the built shape's own count.
 PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B"}
 
 
@@ -207,7 +207,7 @@ def build_config(arch: str, tokenizer=None):
 
 def planner_figures(run: Run, steps: int) -> dict:
     """The planner's estimate for the run as configured (vLLM off) and for the tier as shipped (vLLM on), GiB."""
-    from grpo_kit.planner import ModelShape, estimate_vram
+    from grpo_kit.machinery.planner import ModelShape, estimate_vram
     from grpo_kit.recipes import load_recipe
 
     shape = dataclasses.replace(ModelShape.from_config(ARCHS[run.arch]), name=run.arch)
@@ -225,7 +225,7 @@ def planner_figures(run: Run, steps: int) -> dict:
 
 def describe_plan(runs: list[Run], steps: int) -> dict:
     """The plan as data: runs with batch shape, cap and planner figures; shapes with parameter counts."""
-    from grpo_kit import planner
+    from grpo_kit.machinery import planner
     from grpo_kit.recipes import load_recipe
 
     archs = sorted({r.arch for r in runs}, key=list(ARCHS).index)
@@ -414,7 +414,7 @@ def build_model(arch: str, folder: Path) -> dict:
         return json.loads(done.read_text())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     config = build_config(arch, tokenizer)
-    from grpo_kit.runtime import gpu_has_bf16
+    from grpo_kit.machinery.runtime import gpu_has_bf16
 
     dtype = torch.bfloat16 if gpu_has_bf16() else torch.float16
     need = shape_params(arch) * 2 * 1.2
@@ -493,7 +493,7 @@ def run_worker(spec: dict) -> dict:
     """Inside the subprocess: build (cached), cap, train (and export); return the result row."""
     import torch
 
-    from grpo_kit.runtime import gpu_has_bf16
+    from grpo_kit.machinery.runtime import gpu_has_bf16
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch

@@ -36,7 +36,10 @@ def _add_rewards(sub) -> None:
 
 
 def _add_train(sub) -> None:
-    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables; these imports do not import torch
+    from grpo_kit.machinery.curriculum import (  # constant tables; these imports do not import torch
+        ORDERS,
+        ZERO_VARIANCE,
+    )
 
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
                        description="Every recipe value (model, prompt, rewards, any GRPOConfig field) is changed with "
@@ -81,11 +84,11 @@ def _add_curriculum(sub) -> None:
     p.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
     p.add_argument("--seed", type=int, default=0, help="sampling and shuffle seed")
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
-    p.set_defaults(func=_handler("curriculum", "cli_curriculum"))
+    p.set_defaults(func=_handler("machinery.sampling", "cli_curriculum"))
 
 
 def _add_demo(sub) -> None:
-    from grpo_kit.demo import TASKS  # a light module: no torch/transformers at import time
+    from grpo_kit.machinery.demo import TASKS  # a light module: no torch/transformers at import time
 
     p = sub.add_parser("demo", help="train GRPO on CPU with the embedded model and show that it learns")
     p.add_argument(
@@ -97,7 +100,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--output", help="run folder (default: runs/demo)")
     p.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
     p.add_argument("--no-export", action="store_true", help="skip exporting the adapter")
-    p.set_defaults(func=_handler("demo", "cli_demo"))
+    p.set_defaults(func=_handler("machinery.demo", "cli_demo"))
 
 
 def _add_eval(sub) -> None:
@@ -145,7 +148,7 @@ def _add_chat(sub) -> None:
     p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
-    p.set_defaults(func=_handler("chat", "cli_chat"))
+    p.set_defaults(func=_handler("machinery.chat", "cli_chat"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -499,15 +499,15 @@ def run_prompt_settings(adapter_dir: str | os.PathLike | None) -> dict[str, Any]
 
 def cli_eval(args) -> int:
     """``grpo-kit eval``: print metrics (and a before/after table with --compare); save JSON with --out."""
+    from grpo_kit.machinery.runtime import set_torch_threads
     from grpo_kit.models import load_inference_model
-    from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
     dataset = load_eval_data(args.data, limit=args.limit, seed=args.seed)
     if getattr(args, "harness", None):  # lm-evaluation-harness's protocol instead of the kit's
-        from grpo_kit.harness import cli_harness
+        from grpo_kit.machinery.harness import cli_harness
 
         return cli_harness(args, dataset)
     settings = run_prompt_settings(args.adapter)

@@ -31,8 +31,8 @@ GPU (UNTESTED ON CPU, marked below): the same code runs on CUDA. The merge is PE
 16-bit base (what Unsloth's ``save_pretrained_merged(..., "merged_16bit")`` does too, but verifiable here); a 4-bit
 Unsloth base (``*-bnb-4bit``) is swapped for its 16-bit original, since merging into 4-bit weights loses the
 LoRA's precision (Unsloth's "merged_4bit" is never used). GGUF for architectures the gguf-py writer does not
-cover (see ``grpo_kit.gguf_export``), and the k-quants (``q4_k_m``, ``q5_k_m``), go through Unsloth's
-``save_pretrained_gguf`` in a child process (``grpo_kit.unsloth_gguf``: Unsloth patches transformers process-wide,
+cover (see ``grpo_kit.machinery.gguf_export``), and the k-quants (``q4_k_m``, ``q5_k_m``), go through Unsloth's
+``save_pretrained_gguf`` in a child process (``grpo_kit.machinery.unsloth_gguf``: Unsloth patches transformers process-wide,
 and the check must use plain transformers). It runs before the reference model is loaded, so the two never share
 GPU memory, in a hidden scratch folder next to the export; only the ``.gguf`` files it reports are moved into
 ``gguf/``. Then the same verification: transformers' GGUF reader dequantizes the file (k-quants included) to float
@@ -171,7 +171,7 @@ def safe_name(name: str) -> str:
 
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
-    from grpo_kit.folders import checkpoint_step
+    from grpo_kit.machinery.folders import checkpoint_step
 
     adapter_dir = adapter_dir.resolve()
     if adapter_dir.name == "adapter":
@@ -385,8 +385,8 @@ def _load_tuned_cuda(base_model: str, adapter_dir: Path):  # pragma: no cover - 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
+    from grpo_kit.machinery.runtime import half_dtype_name
     from grpo_kit.models import load_tokenizer
-    from grpo_kit.runtime import half_dtype_name
 
     half = getattr(torch, half_dtype_name())
     try:
@@ -485,7 +485,7 @@ def _verify_merged16(folder: Path, reference: Reference, dtype_name: str) -> Exp
 
 
 def _write_gguf(merged, tokenizer, folder: Path, gguf_type: str, name: str) -> Path:
-    from grpo_kit.gguf_export import write_gguf
+    from grpo_kit.machinery.gguf_export import write_gguf
 
     folder.mkdir(parents=True, exist_ok=True)
     return write_gguf(merged, tokenizer, folder / f"{name}-{gguf_type}.gguf", gguf_type, name=name)
@@ -512,7 +512,7 @@ def _write_gguf_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_t
 
     The files stay in ``scratch`` (outside the staging folder) until ``move_gguf_files`` puts them in place.
     """
-    from grpo_kit.unsloth_gguf import remove_writer_folders, write_with_unsloth
+    from grpo_kit.machinery.unsloth_gguf import remove_writer_folders, write_with_unsloth
 
     adapter = adapter_on_base(adapter_dir, base_path, scratch / f"adapter-{gguf_type}")
     out = scratch / f"merged-{gguf_type}-{scratch.name}"  # unique name: the writer may relocate it (Kaggle)
@@ -542,7 +542,7 @@ def gguf_route(base_path: str, tokenizer, gguf_types: Sequence[str]) -> str:
     import torch
     from transformers import AutoConfig
 
-    from grpo_kit.gguf_export import check_gguf_type, check_supported, embedded_tokenizer_fields
+    from grpo_kit.machinery.gguf_export import check_gguf_type, check_supported, embedded_tokenizer_fields
 
     try:
         for gguf_type in gguf_types:
@@ -605,7 +605,7 @@ def hub_token() -> str | None:
     token = os.environ.get("HF_TOKEN")
     if token:
         return token
-    from grpo_kit.runtime import in_colab
+    from grpo_kit.machinery.runtime import in_colab
 
     if in_colab():
         try:
@@ -657,8 +657,8 @@ def parse_gguf_types(spec: str) -> list[str]:
     >>> parse_gguf_types("F16, q4_k_m")
     ['f16', 'q4_k_m']
     """
-    from grpo_kit.gguf_export import GGUF_TYPES
-    from grpo_kit.unsloth_gguf import UNSLOTH_GGUF_TYPES
+    from grpo_kit.machinery.gguf_export import GGUF_TYPES
+    from grpo_kit.machinery.unsloth_gguf import UNSLOTH_GGUF_TYPES
 
     types = [t.strip().lower() for t in spec.split(",") if t.strip()]
     unknown = [t for t in types if t not in GGUF_TYPES and t not in UNSLOTH_GGUF_TYPES]
@@ -689,11 +689,11 @@ def export(
     model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
-    from grpo_kit.folders import remove_stale_staging, staged_dir, staging_prefix
-    from grpo_kit.guards import check_adapter, dumps_finite
-    from grpo_kit.model_card import render_model_card
+    from grpo_kit.machinery.folders import remove_stale_staging, staged_dir, staging_prefix
+    from grpo_kit.machinery.guards import check_adapter, dumps_finite
+    from grpo_kit.machinery.model_card import render_model_card
+    from grpo_kit.machinery.unsloth_gguf import move_gguf_files
     from grpo_kit.models import load_tokenizer, resolve_model_id
-    from grpo_kit.unsloth_gguf import move_gguf_files
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
@@ -818,7 +818,7 @@ def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
 
 def cli_export(args) -> int:
     """``grpo-kit export``: verified exports under --out-dir/--name, optional Hub upload."""
-    from grpo_kit.runtime import set_torch_threads
+    from grpo_kit.machinery.runtime import set_torch_threads
 
     set_torch_threads()
     adapter_dir = Path(args.adapter)

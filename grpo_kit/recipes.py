@@ -587,14 +587,14 @@ def auto_recipe(device=None) -> tuple[Recipe, str]:
     The largest GPU tier whose ``vram_gb`` the card reaches (within ``TIER_TOLERANCE``) wins; a card without bf16
     gets fp16; a GPU smaller than a T4 gets the T4 recipe with the fallback 1.5B model.
 
-    >>> from grpo_kit.runtime import DeviceInfo
+    >>> from grpo_kit.machinery.runtime import DeviceInfo
     >>> auto_recipe(DeviceInfo("cuda", "Tesla T4", 14.74, False))[0].name
     't4-16gb'
     """
-    from grpo_kit.planner import check_fits, estimate_vram
+    from grpo_kit.machinery.planner import check_fits, estimate_vram
 
     if device is None:
-        from grpo_kit.runtime import detect_device
+        from grpo_kit.machinery.runtime import detect_device
 
         device = detect_device()
     if device.kind != "cuda":
@@ -644,7 +644,7 @@ def _as_list(recipes) -> list[Recipe]:
 
 
 def _estimate_or_none(recipe: Recipe) -> float | None:
-    from grpo_kit.planner import estimate_vram, shape_for
+    from grpo_kit.machinery.planner import estimate_vram, shape_for
 
     if shape_for(recipe.model_id) is None:
         return None
@@ -672,7 +672,7 @@ def presets_table(recipes=None) -> str:
 
 def cli_presets(args) -> int:
     """``grpo-kit presets``: the table; ``--json`` the JSON list; ``--plan NAME [--model ID]`` the VRAM breakdown."""
-    from grpo_kit.planner import estimate_vram, shape_for
+    from grpo_kit.machinery.planner import estimate_vram, shape_for
 
     if getattr(args, "model", None) and not getattr(args, "plan", None):
         raise GrpoKitError("--model only applies with --plan NAME, e.g. grpo-kit presets --plan t4-16gb --model ID")
@@ -697,7 +697,7 @@ def cli_presets(args) -> int:
 
 def _shape_from_hub(model: str):
     """Read an unknown model's shape from its config on the Hub (only ``config.json`` is downloaded)."""
-    from grpo_kit.planner import ModelShape
+    from grpo_kit.machinery.planner import ModelShape
 
     try:
         from transformers import AutoConfig

@@ -68,13 +68,13 @@ def train(
     ``overrides`` are ``--set`` keys and values (``{"max_steps": 2, "rewards": [my_reward, "correctness"]}``).
     ``dataset`` (question/answer columns) replaces ``data``. ``resume=True`` continues from the newest complete
     checkpoint in ``output_dir``; without it a used run folder is refused, never overwritten. ``curriculum``
-    (``grpo_kit.curriculum.Curriculum``) orders/filters the prompts; ``lenient`` skips bad data rows (counted);
+    (``grpo_kit.machinery.curriculum.Curriculum``) orders/filters the prompts; ``lenient`` skips bad data rows (counted);
     ``show_completions=N`` prints sampled completions with their rewards every N steps. Under ``accelerate launch``
     every process runs this; only the main one writes run files.
     """
     from grpo_kit import models
+    from grpo_kit.machinery.vllm_server import check_weight_sync
     from grpo_kit.recipes import check_grpo_fields
-    from grpo_kit.vllm_server import check_weight_sync
 
     # --- Recipe, then the backend: Unsloth is imported before TRL/transformers/PEFT (it patches them at import)
     recipe = recipe.with_overrides(overrides)
@@ -86,17 +86,23 @@ def train(
 
     import trl
 
-    from grpo_kit.compat import ensure_logprob_kernel
     from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.guards import NumericsGuard, check_dataset_size, guard_numerics, guard_rewards
+    from grpo_kit.machinery.compat import ensure_logprob_kernel
+    from grpo_kit.machinery.guards import (
+        NumericsGuard,
+        check_dataset_size,
+        check_saved_adapter,
+        guard_numerics,
+        guard_rewards,
+    )
     from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
+    from grpo_kit.machinery.runtime import detect_device, set_torch_threads
+    from grpo_kit.machinery.watch import CompletionSamples
     from grpo_kit.rewards import format_rate, parse_reward_spec
-    from grpo_kit.runtime import detect_device, set_torch_threads
-    from grpo_kit.watch import CompletionSamples
 
     set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request
-    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/compat.py
+    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/machinery/compat.py
     check_device(recipe, detect_device())
 
     # --- Run folder, config and data: every check runs before any weights load
@@ -107,7 +113,7 @@ def train(
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
     if recipe.vllm_server:
-        from grpo_kit.vllm_server import check_server
+        from grpo_kit.machinery.vllm_server import check_server
 
         check_server(recipe, wait=config.vllm_server_timeout)
     is_main = config.process_index == 0
@@ -163,7 +169,7 @@ def train(
     # --- Save: the adapter is written atomically and must be finite before the run counts as done
     adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
     if is_main:
-        runs.check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
+        check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
     runs.write_rank_digest(trainer, run_dir)
     return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
 
@@ -191,7 +197,7 @@ def build_grpo_config(recipe, output_dir: str | os.PathLike, *, on_cpu: bool | N
         "reward_weights": [float(w) for _, w in recipe.rewards] + [0.0],
     }
     if recipe.vllm_server:
-        from grpo_kit.vllm_server import server_url
+        from grpo_kit.machinery.vllm_server import server_url
 
         fixed["vllm_server_base_url"] = server_url(recipe)
     if on_cpu:
@@ -260,7 +266,8 @@ def check_device(recipe, device) -> None:
     """
     import warnings
 
-    from grpo_kit.planner import check_fits, needs_gpu
+    from grpo_kit.machinery.planner import check_fits
+    from grpo_kit.models import needs_gpu
 
     if device.kind != "cuda" and needs_gpu(recipe):
         raise GrpoKitError(check_fits(recipe, device))
@@ -280,8 +287,8 @@ def check_device(recipe, device) -> None:
 
 def cli_train(args) -> int:
     """``grpo-kit train``: the recipe (``--preset``/``--recipe``, ``--set``), train, print the summary, draw curves."""
-    from grpo_kit.plots import plot_metrics
-    from grpo_kit.recipes import auto_recipe, load_recipe, parse_set
+    from grpo_kit.machinery.plots import plot_metrics
+    from grpo_kit.recipes import auto_recipe, load_recipe, parse_set, recorded_settings
 
     if getattr(args, "recipe", None):
         recipe = load_recipe(args.recipe)
@@ -291,9 +298,9 @@ def cli_train(args) -> int:
     else:
         recipe = load_recipe(args.preset)
     overrides = parse_set(args.set)
-    if args.resume and args.output and "max_steps" not in overrides:  # finish the run as started
-        recorded = runs.recorded_max_steps(Path(args.output))
-        if recorded:
+    if args.resume and args.output and "max_steps" not in overrides:  # finish the run as started, not the recipe's
+        recorded = recorded_settings(Path(args.output)).get("max_steps")
+        if isinstance(recorded, int) and recorded > 0:
             overrides["max_steps"] = recorded
     result = train(
         recipe,
@@ -325,7 +332,7 @@ def _curriculum_from_args(args):
                 "(write it with grpo-kit curriculum --data DATA)."
             )
         return None
-    from grpo_kit.curriculum import Curriculum
+    from grpo_kit.machinery.curriculum import Curriculum
 
     return Curriculum(args.curriculum, order=order or "entropy", zero_variance=zero_variance or "keep")
 

@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session", autouse=True)
 def _pin_threads():
-    from grpo_kit.runtime import set_torch_threads
+    from grpo_kit.machinery.runtime import set_torch_threads
 
     set_torch_threads()
 

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from grpo_kit import chat
 from grpo_kit.cli import main
 from grpo_kit.evaluate import build_prompts, generate_hf
+from grpo_kit.machinery import chat
 
 
 @pytest.fixture

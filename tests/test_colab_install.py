@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import grpo_kit.colab_install as colab_install
-from grpo_kit.colab_install import Runtime, plan_install, read_requirements
+import grpo_kit.machinery.colab_install as colab_install
+from grpo_kit.machinery.colab_install import Runtime, plan_install, read_requirements
 
 REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-colab.txt"
 REPO = "/content/grpo-kit"

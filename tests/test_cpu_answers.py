@@ -11,8 +11,8 @@ import pytest
 
 from grpo_kit.data import arithmetic_key, load_gsm8k, make_arithmetic_dataset
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.stats import mcnemar_exact, paired_difference, wilson
 from grpo_kit.recipes import load_recipe
-from grpo_kit.stats import mcnemar_exact, paired_difference, wilson
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cpu_answers.py"
 
@@ -118,7 +118,7 @@ def test_paired_difference_refuses_unpaired_results():
 
 
 def test_demo_task_flag_reaches_run_demo(monkeypatch):
-    import grpo_kit.demo as demo
+    import grpo_kit.machinery.demo as demo
     from grpo_kit.cli import main
 
     seen = {}
@@ -131,7 +131,7 @@ def test_demo_task_flag_reaches_run_demo(monkeypatch):
 
 def test_demo_unknown_task_is_refused(capsys):
     from grpo_kit.cli import build_parser
-    from grpo_kit.demo import demo_task
+    from grpo_kit.machinery.demo import demo_task
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--task", "poetry"])
@@ -141,7 +141,7 @@ def test_demo_unknown_task_is_refused(capsys):
 
 
 def test_arithmetic_demo_uses_the_answers_recipe_and_its_held_out_split():
-    from grpo_kit.demo import demo_task
+    from grpo_kit.machinery.demo import demo_task
 
     task = demo_task("arithmetic")
     assert load_recipe(task.preset).rewards == (("correctness", 1.0),)

@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from grpo_kit import sampling
-from grpo_kit.curriculum import (
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery import sampling
+from grpo_kit.machinery.curriculum import (
     Curriculum,
     PromptScore,
     answer_clusters,
@@ -22,8 +23,7 @@ from grpo_kit.curriculum import (
     write_scores,
     zero_variance_filter,
 )
-from grpo_kit.errors import GrpoKitError
-from grpo_kit.sampling import score_dataset, weighted_rewards
+from grpo_kit.machinery.sampling import score_dataset, weighted_rewards
 
 # ------------------------------------------------------------------------------------------------ measurements
 

@@ -146,7 +146,7 @@ def _run_with(*names, steps=None, lock=None, adapter=False):
         if adapter:
             shutil.copytree(run / f"checkpoint-{steps}", run / "adapter")
         if lock:
-            from grpo_kit.guards import LOCK_NAME
+            from grpo_kit.machinery.runs import LOCK_NAME
 
             (run / LOCK_NAME).write_text(str(env[f"{lock}_pid"]))
 

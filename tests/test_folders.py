@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from grpo_kit import folders
-from grpo_kit.folders import atomic_write_text, staged_dir
+from grpo_kit.machinery import folders
+from grpo_kit.machinery.folders import atomic_write_text, staged_dir
 
 
 def _tree(folder):

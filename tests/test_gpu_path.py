@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grpo_kit import models, runtime
+from grpo_kit import models
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery import runtime
 from grpo_kit.recipes import load_recipe
 
 
@@ -251,7 +252,7 @@ def test_evaluating_a_tuned_model_on_vllm_generates_with_its_adapter(tuned_with_
 
 
 def test_chatting_with_a_tuned_model_on_vllm_uses_its_adapter(tuned_with_engine, tiny_model_dir):
-    from grpo_kit.chat import ask
+    from grpo_kit.machinery.chat import ask
 
     model, seen = tuned_with_engine
     ask(model, models.load_tokenizer(str(tiny_model_dir)), "What is 1 + 0?", stream=False)

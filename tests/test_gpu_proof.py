@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit import planner
+from grpo_kit.machinery import planner
 from grpo_kit.recipes import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]

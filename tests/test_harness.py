@@ -1,4 +1,4 @@
-"""grpo_kit.harness: lm-evaluation-harness's GSM8K tasks on local data, wired through `grpo-kit eval --harness`.
+"""grpo_kit.machinery.harness: lm-evaluation-harness's GSM8K tasks on local data, wired through `grpo-kit eval --harness`.
 
 lm-eval is an optional extra (`pip install grpo-kit[harness]`); the tests that run it are skipped without it.
 """
@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from grpo_kit import harness
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery import harness
 
 # GSM8K-format rows written for this test (not GSM8K questions): the answer keeps its "#### N" solution form.
 ROWS = [

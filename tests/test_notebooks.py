@@ -1,4 +1,4 @@
-"""The notebooks: hygiene (stripped, valid, badge, guarded Colab cells) and grpo_kit.notebook's session helpers.
+"""The notebooks: hygiene (stripped, valid, badge, guarded Colab cells) and grpo_kit.machinery.notebook's session helpers.
 
 Running the notebooks themselves is ``pytest notebooks --nbmake`` (the Makefile's test target, in smoke mode).
 """
@@ -17,9 +17,10 @@ from types import SimpleNamespace
 import nbformat
 import pytest
 
-from grpo_kit import notebook as nbk
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.notebook import (
+from grpo_kit.machinery import notebook as nbk
+from grpo_kit.machinery.metrics import read_metrics
+from grpo_kit.machinery.notebook import (
     NOTEBOOKS,
     SMOKE_OVERRIDES,
     NotebookPaths,
@@ -47,9 +48,8 @@ from grpo_kit.notebook import (
     smoke_decision,
     train_session,
 )
+from grpo_kit.machinery.runtime import DeviceInfo
 from grpo_kit.recipes import load_recipe
-from grpo_kit.runtime import DeviceInfo
-from grpo_kit.machinery.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = REPO / "notebooks"
@@ -114,9 +114,9 @@ def test_install_cell_runs_first_and_only_on_colab(name):
     assert "grpo_kit" not in [n.split(".")[0] for n in _imported_modules(install.source)]
     if name in GPU_NOTEBOOKS:
         # The per-runtime installer runs in a child process, told what this kernel has imported (restart check).
-        assert '"-m", "grpo_kit.colab_install", "--install"' in install.source and '"--loaded"' in install.source
+        assert '"-m", "grpo_kit.machinery.colab_install", "--install"' in install.source and '"--loaded"' in install.source
     else:
-        assert '"grpo_kit.colab_install"' not in install.source and "-r" not in install.source.split()
+        assert '"grpo_kit.machinery.colab_install"' not in install.source and "-r" not in install.source.split()
     # A markdown cell explains it before it runs.
     index = nb.cells.index(install)
     assert nb.cells[index - 1].cell_type == "markdown" and "Restart session" in nb.cells[index - 1].source
@@ -165,7 +165,7 @@ def test_guard_checker_catches_an_unguarded_call():
 def test_colab_only_cells_are_guarded_but_still_executed(name):
     for cell in _code_cells(_read(name)):
         assert _colab_only_calls_outside_guard(cell.source) == [], cell.source[:60]
-        assert "google.colab import" not in cell.source  # Colab modules are used inside grpo_kit.notebook only
+        assert "google.colab import" not in cell.source  # Colab modules are used inside grpo_kit.machinery.notebook only
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -631,7 +631,7 @@ def test_plots_draw_without_a_display(tmp_path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo_kit.planner import estimate_vram
+    from grpo_kit.machinery.planner import estimate_vram
     from grpo_kit.recipes import RECIPES
 
     estimates = {name: estimate_vram(preset) for name, preset in RECIPES.items()}
@@ -830,7 +830,7 @@ def test_install_cell_on_colab_installs_what_the_notebook_needs(name, fake_colab
     commands = _run_install_cell(name, monkeypatch, installed=False)
     flat = [" ".join(command) for command in commands]
     if name in GPU_NOTEBOOKS:
-        assert flat[0].startswith("git clone") and "grpo_kit.colab_install --install" in flat[1]
+        assert flat[0].startswith("git clone") and "grpo_kit.machinery.colab_install --install" in flat[1]
         loaded = commands[1][commands[1].index("--loaded") + 1].split(",")
         assert "sys" in loaded and "google" in loaded  # the kernel's imports, for the restart decision
     else:

@@ -7,8 +7,7 @@ import json
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.models import EMBEDDED_ID
-from grpo_kit.planner import (
+from grpo_kit.machinery.planner import (
     KNOWN_SHAPES,
     LLAMA_31_8B,
     QWEN25_15B,
@@ -22,8 +21,9 @@ from grpo_kit.planner import (
     lora_param_count,
     shape_for,
 )
+from grpo_kit.machinery.runtime import DeviceInfo
+from grpo_kit.models import EMBEDDED_ID
 from grpo_kit.recipes import load_recipe
-from grpo_kit.runtime import DeviceInfo
 
 T4 = DeviceInfo("cuda", "Tesla T4", 14.7, False)
 

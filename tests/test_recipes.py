@@ -9,8 +9,9 @@ import yaml
 
 from grpo_kit.cli import main, set_hint
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.planner import estimate_vram
+from grpo_kit.machinery.runtime import DeviceInfo
 from grpo_kit.models import EMBEDDED_ID
-from grpo_kit.planner import estimate_vram
 from grpo_kit.recipes import (
     FALLBACK_MODEL_4BIT,
     LOSS_VARIANTS,
@@ -23,7 +24,6 @@ from grpo_kit.recipes import (
     recipes_dir,
     recorded_settings,
 )
-from grpo_kit.runtime import DeviceInfo
 
 GPU_RECIPES = [r for r in RECIPES.values() if r.vram_gb > 0]
 TIERS = {"cpu", "cpu-answers", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"}

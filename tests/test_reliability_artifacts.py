@@ -205,7 +205,7 @@ def test_sigkilled_export_leaves_nothing_that_looks_complete(shared, tmp_path):
 
 
 def test_staging_of_a_live_export_is_left_alone(tmp_path):
-    from grpo_kit.folders import remove_stale_staging, staging_prefix
+    from grpo_kit.machinery.folders import remove_stale_staging, staging_prefix
 
     live = tmp_path / (staging_prefix("x") + "abc")  # this process: alive
     dead = tmp_path / ".x.partial-999999999-abc"  # no such pid

@@ -17,9 +17,9 @@ import pytest
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.guards import check_dataset_size
+from grpo_kit.machinery.guards import check_dataset_size
+from grpo_kit.machinery.runtime import DeviceInfo
 from grpo_kit.recipes import load_recipe
-from grpo_kit.runtime import DeviceInfo
 from grpo_kit.train import build_grpo_config, train
 
 MAX_ERROR_LINES = 15
@@ -146,7 +146,7 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
 
 
 def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_load):
-    import grpo_kit.runtime as runtime
+    import grpo_kit.machinery.runtime as runtime
 
     monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "Tesla T4", 14.7, bf16=False))
     with pytest.raises(GrpoKitError, match="no bf16 support.*precision=fp16.*t4-16gb"):
@@ -154,7 +154,7 @@ def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_l
 
 
 def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, no_model_load):
-    import grpo_kit.runtime as runtime
+    import grpo_kit.machinery.runtime as runtime
 
     # An 8 GB bf16 card asked to run the A100-80GB recipe (8B bf16 weights, 64 completions of 1024 tokens).
     monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.guards import (
+from grpo_kit.machinery.guards import (
     CheckedReward,
     NumericsError,
     NumericsGuard,

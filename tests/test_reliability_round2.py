@@ -93,7 +93,7 @@ def test_export_json_is_strict_json(tiny_model_dir, make_adapter, tmp_path):
 
 
 def test_json_safe_writes_null_for_non_finite():
-    from grpo_kit.guards import dumps_finite
+    from grpo_kit.machinery.guards import dumps_finite
 
     assert _strict_json(dumps_finite({"a": NAN, "b": [INF, 1.0]})) == {"a": None, "b": [None, 1.0]}
 
@@ -164,8 +164,7 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
 
 
 def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, make_adapter):
-    from grpo_kit.guards import NumericsError
-    from grpo_kit.machinery.runs import check_saved_adapter
+    from grpo_kit.machinery.guards import NumericsError, check_saved_adapter
 
     run_dir = tmp_path / "run"
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
@@ -220,7 +219,7 @@ def other_process():
 
 def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_path, capsys, other_process,
                                                                            no_model_load, fake_checkpoint):
-    from grpo_kit.guards import LOCK_NAME
+    from grpo_kit.machinery.runs import LOCK_NAME
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -239,7 +238,7 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
     import sys
 
     import grpo_kit.models as models
-    from grpo_kit.guards import LOCK_NAME
+    from grpo_kit.machinery.runs import LOCK_NAME
     from grpo_kit.recipes import load_recipe
     from grpo_kit.train import train
 
@@ -364,7 +363,7 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
     so the NumericsGuard sees nothing, and only the check of the saved adapter stops the run being called done."""
     from transformers import TrainerCallback
 
-    from grpo_kit.guards import NumericsError
+    from grpo_kit.machinery.guards import NumericsError
     from grpo_kit.machinery.metrics import read_metrics
     from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS

@@ -1,13 +1,13 @@
-"""grpo_kit.teaching: the toy GRPO computations of notebook 02, checked by hand and against TRL's own code."""
+"""grpo_kit.machinery.teaching: the toy GRPO computations of notebook 02, checked by hand and against TRL's own code."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from grpo_kit import teaching
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.teaching import (
+from grpo_kit.machinery import teaching
+from grpo_kit.machinery.teaching import (
     LOSS_TYPES,
     accumulate,
     aggregate,
@@ -180,7 +180,7 @@ def test_pictures_draw_without_a_display():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from grpo_kit.teaching import plot_advantages, plot_token_weights
+    from grpo_kit.machinery.teaching import plot_advantages, plot_token_weights
 
     ax = plot_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), num_generations=2, show=False)
     assert [len(bars) for bars in ax.containers] == [4, 4]  # a reward bar and an advantage bar per completion

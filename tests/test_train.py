@@ -194,7 +194,7 @@ def test_gpu_preset_on_cpu_is_refused_before_any_weights_load(tmp_path, monkeypa
 
 
 def test_bf16_on_a_t4_is_refused_with_the_fix():
-    from grpo_kit.runtime import DeviceInfo
+    from grpo_kit.machinery.runtime import DeviceInfo
     from grpo_kit.train import check_device
 
     t4 = DeviceInfo(kind="cuda", name="Tesla T4", vram_gb=14.7, bf16=False)

@@ -19,7 +19,7 @@ import pytest
 import grpo_kit.export as export_module
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.export import export, parse_gguf_types
-from grpo_kit.unsloth_gguf import move_gguf_files
+from grpo_kit.machinery.unsloth_gguf import move_gguf_files
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ class _Merged:
         (gguf_dir / "Modelfile").write_text("FROM ./model.gguf\\n")
         files = []
         if not os.environ.get("FAKE_UNSLOTH_NO_FILES"):
-            from grpo_kit.gguf_export import write_gguf
+            from grpo_kit.machinery.gguf_export import write_gguf
 
             path = gguf_dir / f"{save.name}.{quantization_method.upper()}.gguf"
             files.append(str(write_gguf(self.model, tokenizer, path, quantization_method)))

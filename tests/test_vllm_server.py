@@ -18,9 +18,9 @@ import pytest
 
 from grpo_kit import models
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.vllm_server import check_server, serve_command, server_url
 from grpo_kit.recipes import load_recipe
 from grpo_kit.train import build_grpo_config
-from grpo_kit.vllm_server import check_server, serve_command, server_url
 
 MODEL = "unsloth/Meta-Llama-3.1-8B-Instruct"
 

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.plots import metrics_figure
-from grpo_kit.watch import CompletionSamples
+from grpo_kit.machinery.plots import metrics_figure
+from grpo_kit.machinery.watch import CompletionSamples
 
 
 def tagged(completions, **kwargs):

@@ -38,7 +38,7 @@ def make_metrics_logger(path: Path):
     """A ``TrainerCallback`` that appends each training log as one JSON line to ``path``."""
     from transformers import TrainerCallback
 
-    from grpo_kit.guards import dumps_finite
+    from grpo_kit.machinery.guards import dumps_finite
 
     class MetricsLogger(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
@@ -67,7 +67,7 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
 
 def truncate_metrics(path: Path, last_step: int) -> None:
     """Drop rows logged after ``last_step`` (they will be logged again after a resume); atomic rewrite."""
-    from grpo_kit.guards import dumps_finite
+    from grpo_kit.machinery.guards import dumps_finite
 
     rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
     tmp = path.with_suffix(".jsonl.tmp")

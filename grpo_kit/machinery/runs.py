@@ -14,6 +14,10 @@ import shutil
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.folders import process_alive
+
+#: The adapter weights file PEFT writes (checkpoints and the final adapter).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -23,8 +27,6 @@ def checkpoint_problem(folder: Path) -> str | None:
     state (``optimizer.pt``/``scheduler.pt``, or DeepSpeed's ``global_step*/`` folder). Without those, the Trainer
     would silently start a fresh optimizer and restart the learning-rate schedule.
     """
-    from grpo_kit.guards import adapter_weights_problem
-
     state = folder / "trainer_state.json"
     if not state.is_file():
         return "no trainer_state.json (killed while saving?)"
@@ -109,9 +111,7 @@ def releases_run_locks(function):
         try:
             return function(*args, **kwargs)
         finally:
-            if _HELD_LOCKS:  # guards imports transformers: never at import time (Unsloth must come first)
-                from grpo_kit.guards import release_run_lock
-
+            if _HELD_LOCKS:
                 while _HELD_LOCKS:
                     release_run_lock(_HELD_LOCKS.pop())
 
@@ -123,8 +123,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
 
     Only the main process locks and sets damaged checkpoints aside (the others run on the same folder).
     """
-    from grpo_kit.guards import LOCK_NAME, acquire_run_lock
-
     no_checkpoint = GrpoKitError(
         f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at the run folder, "
         "or drop --resume to start a new run."
@@ -147,15 +145,6 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     return None
 
 
-def recorded_max_steps(run_dir: Path) -> int | None:
-    """``max_steps`` of the run as first started (``run.json``): ``--resume`` without ``--set max_steps=N`` finishes
-    that run rather than running on to the recipe's length."""
-    from grpo_kit.recipes import recorded_settings
-
-    value = recorded_settings(run_dir).get("max_steps")
-    return value if isinstance(value, int) and value > 0 else None
-
-
 def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Path:
     """``run_dir/adapter`` of a run that already reached ``max_steps``: nothing trains, nothing is rewritten.
 
@@ -170,29 +159,6 @@ def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Pat
             "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "global_step*"))
         os.rename(staging, adapter)
     return adapter
-
-
-def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is finite: NaN/inf weights are moved to ``adapter.nonfinite`` and reported.
-
-    The logged loss of the last step is computed before that step's update, so the NumericsGuard cannot see an
-    update that broke the weights (an inf learning rate does exactly that).
-    """
-    from grpo_kit.guards import NumericsError, non_finite_tensors, numerics_message
-
-    bad = non_finite_tensors(adapter_dir)
-    if not bad:
-        return
-    aside = run_dir / "adapter.nonfinite"
-    shutil.rmtree(aside, ignore_errors=True)
-    os.rename(adapter_dir, aside)
-    raise NumericsError(
-        numerics_message(step, "the final adapter", f"NaN/inf in {len(bad)} tensor(s)", run_dir, checkpoint_is_clean=False)
-        + f" The broken adapter was moved to {aside}.",
-        step=step,
-        metric="adapter",
-        value=bad[0],
-    )
 
 
 def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
@@ -255,3 +221,85 @@ def write_rank_digest(trainer, run_dir: Path) -> None:
 
 def checkpoint_step(checkpoint: Path) -> int:
     return int(checkpoint.name.split("-", 1)[1])
+
+
+#: Lock file in a run folder: holds the PID of the process training in it.
+LOCK_NAME = ".grpo-kit.lock"
+
+
+def _lock_holder(lock: Path) -> int | None:
+    try:
+        text = lock.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
+    """Take the run folder's lock (creating the folder), or refuse with the PID of the process that holds it.
+
+    Two processes training into one folder interleave their checkpoints and metrics. A lock whose process is gone
+    (killed, crashed) is taken over; one held by this very process (a notebook re-running ``train``) is kept.
+    Released by ``release_run_lock``, and at the latest when this process exits.
+    """
+    import atexit
+
+    run_dir = Path(run_dir)
+    lock = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where the folder should be, no write permission, a read-only disk
+        raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
+    for _ in range(3):  # lost races with another process taking over a stale lock are retried
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(lock)
+            if holder is not None and process_alive(holder) and holder != os.getpid():
+                raise GrpoKitError(
+                    f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it to end, "
+                    f"stop it (kill {holder}), or choose another --output. If no such process runs, delete {lock}."
+                ) from None
+            if holder == os.getpid():
+                return lock
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+            continue
+        except OSError as error:
+            raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(str(os.getpid()))
+        atexit.register(release_run_lock, run_dir)
+        return lock
+    raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
+
+
+def _unusable_run_dir(run_dir: Path, error: OSError) -> str:
+    return (
+        f"{run_dir} cannot be used as a run folder: {error.strerror or error} ({error.filename or run_dir}). "
+        "Choose another --output, a folder you can write to."
+    )
+
+
+def release_run_lock(run_dir: str | os.PathLike) -> None:
+    """Remove the run folder's lock if this process holds it (never another process's lock)."""
+    lock = Path(run_dir) / LOCK_NAME
+    if _lock_holder(lock) == os.getpid():
+        lock.unlink(missing_ok=True)
+
+
+def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
+    """Why the adapter's weights file cannot be used (missing, truncated/unreadable), or None when it opens.
+
+    Only the header is read (cheap): safetensors refuses a file whose size does not match its header.
+    """
+    from safetensors import safe_open
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:  # SafetensorError, OSError: a torn or foreign file
+        return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
+    return None

@@ -1,4 +1,4 @@
-"""Sample M completions per training prompt and score them with the run's rewards (for ``grpo_kit.curriculum``).
+"""Sample M completions per training prompt and score them with the run's rewards (for ``grpo_kit.machinery.curriculum``).
 
 A *sampler* is any ``fn(prompts, samples) -> list[list[str]]`` (one list of ``samples`` completion texts per prompt),
 so the scoring can be tested with a fake one. ``hf_sampler`` is the real one: the kit's generate loop
@@ -8,10 +8,13 @@ fine for the embedded model and short completions). Heavy imports (torch) stay i
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from grpo_kit.curriculum import PromptScore, final_number
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.curriculum import PromptScore, default_scores_path, final_number, summarize, write_scores
 
 #: ``fn(prompts, samples) -> list[list[str]]``: ``samples`` completions for each prompt, in prompt order.
 Sampler = Callable[[Sequence, int], list[list[str]]]
@@ -106,8 +109,8 @@ def score_with_model(
     ``adapter`` (a run's ``adapter/`` or ``checkpoint-N/``) re-scores with a partly trained model.
     """
     from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.machinery.runtime import set_torch_threads
     from grpo_kit.models import load_inference_model
-    from grpo_kit.runtime import set_torch_threads
 
     set_torch_threads()
     policy, tokenizer = load_inference_model(model or preset.model_id, adapter)  # on the GPU in 16 bits when there is one
@@ -126,3 +129,34 @@ def score_with_model(
     )
     spec = rewards or ",".join(f"{name}:{weight:g}" for name, weight in preset.rewards)
     return score_dataset(formatted, sampler, samples=samples, reward_spec=spec)
+
+
+def cli_curriculum(args) -> int:
+    """``grpo-kit curriculum``: sample ``--samples`` answers per training question, write the scores, print a summary."""
+    from grpo_kit.recipes import load_recipe
+
+    preset = load_recipe(args.preset)
+    if args.samples < 2:
+        raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
+    out = Path(args.out) if args.out else default_scores_path(args.data)
+    scores = score_with_model(
+        preset,
+        data=args.data,
+        model=args.model,
+        adapter=getattr(args, "adapter", None),
+        rewards=args.rewards,
+        samples=args.samples,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        limit=args.limit,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    write_scores(out, scores)
+    summary = summarize(scores)
+    print(json.dumps(summary))
+    print(
+        f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} "
+        "[--curriculum-order entropy|accuracy|staged] [--zero-variance drop|last]"
+    )
+    return 0

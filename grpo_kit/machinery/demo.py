@@ -14,7 +14,7 @@ The story, in four steps, each one call into the kit:
 The default task (``format``) shows *format learning*: GSM8K accuracy of a 135M model stays near zero; the README says
 so. ``--task arithmetic`` shows *answer learning*: the ``cpu-answers`` recipe on one-step synthetic arithmetic, where
 the prompt already gives the format and the correctness reward carries the signal; "before"/"after" are then strict
-accuracy on held-out arithmetic problems with 95 % intervals (``grpo_kit.stats``).
+accuracy on held-out arithmetic problems with 95 % intervals (``grpo_kit.machinery.stats``).
 """
 
 from __future__ import annotations
@@ -64,10 +64,10 @@ def run_demo(
 ) -> dict:
     """Run the whole demo for ``task`` (``TASKS``); returns a dict with the train result, eval results (and, for
     arithmetic, ``"change"``: a ``stats.PairedDifference``) and export results."""
+    from grpo_kit.machinery.plots import plot_metrics
+    from grpo_kit.machinery.runtime import set_torch_threads
     from grpo_kit.models import EMBEDDED_ID, load_inference_model
-    from grpo_kit.plots import plot_metrics
     from grpo_kit.recipes import load_recipe
-    from grpo_kit.runtime import set_torch_threads
     from grpo_kit.train import train
 
     spec = demo_task(task)
@@ -142,7 +142,7 @@ def demo_task(name: str) -> DemoTask:
 
 def strict_change(before, after):
     """Paired before/after change in strict accuracy of two ``EvalResult`` on the same questions."""
-    from grpo_kit.stats import paired_difference
+    from grpo_kit.machinery.stats import paired_difference
 
     return paired_difference([row["correct_strict"] for row in before.rows], [row["correct_strict"] for row in after.rows])
 

@@ -60,7 +60,7 @@ def load_chat_model(model: str | None, adapter: str | os.PathLike | None):
 
 def cli_chat(args) -> int:
     """``grpo-kit chat``: answer the questions given as arguments, else read one question per line until EOF."""
-    from grpo_kit.runtime import set_torch_threads
+    from grpo_kit.machinery.runtime import set_torch_threads
 
     set_torch_threads()
     model, tokenizer, settings = load_chat_model(args.model, args.adapter)

@@ -15,7 +15,7 @@ the ``libcudart.so.N`` each wheel links):
 - bitsandbytes 0.50.2 ships libraries for CUDA 11.8 to 13.2: fine on both lines.
 
 ``plan_install(runtime, requirements)`` turns a probed ``Runtime`` into the exact pip commands. The notebook's
-first cell runs ``python -m grpo_kit.colab_install --install REPO --loaded <modules the kernel imported>`` in a
+first cell runs ``python -m grpo_kit.machinery.colab_install --install REPO --loaded <modules the kernel imported>`` in a
 child process, so the kernel imports neither torch nor the kit before pip runs; ``install`` probes the runtime,
 prints the plan and runs it, then says whether a restart is needed: only when a package the kernel had already
 imported changed version on disk (``changed_distributions``).
@@ -238,7 +238,7 @@ def install(repo_dir: str, *, loaded: Iterable[str] | None = None, colab: bool |
     in a child process); a restart is needed only when the install changed one of their distributions. ``colab``
     (default: this process is in Colab) words the restart instruction.
     """
-    from grpo_kit.runtime import in_colab
+    from grpo_kit.machinery.runtime import in_colab
 
     runtime = probe_runtime(run=run)
     plan = plan_install(runtime, read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir,
@@ -256,10 +256,10 @@ def install(repo_dir: str, *, loaded: Iterable[str] | None = None, colab: bool |
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m grpo_kit.colab_install``: print this runtime's plan; ``--install REPO --loaded a,b``: run it."""
+    """``python -m grpo_kit.machinery.colab_install``: print this runtime's plan; ``--install REPO --loaded a,b``: run it."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m grpo_kit.colab_install", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m grpo_kit.machinery.colab_install", description=main.__doc__)
     parser.add_argument("--install", metavar="REPO_DIR", help="install the plan for the kit cloned in REPO_DIR")
     parser.add_argument("--loaded", default="", help="comma-separated modules the notebook kernel has imported")
     parser.add_argument("--colab", action="store_true", help="the kernel is a Colab runtime (words the restart)")
@@ -267,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.install:
         install(args.install, loaded=[name for name in args.loaded.split(",") if name], colab=args.colab or None)
         return 0
-    repo = str(Path(__file__).resolve().parents[1])
+    repo = str(Path(__file__).resolve().parents[2])
     print(plan_install(probe_runtime(), read_requirements(Path(repo) / "requirements-colab.txt"), repo).explain())
     return 0
 

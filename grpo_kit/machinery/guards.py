@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.folders import process_alive
+from grpo_kit.machinery.runs import ADAPTER_WEIGHTS, adapter_weights_problem, latest_checkpoint
 
 #: Logged metrics that must stay finite (plus every ``rewards/<name>/mean``).
 CHECKED = ("loss", "grad_norm", "reward")
@@ -88,8 +89,6 @@ def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
 
 
 def _checkpoint_hint(run_dir: str | os.PathLike | None, checkpoint_is_clean: bool) -> str:
-    from grpo_kit.machinery.runs import latest_checkpoint
-
     if run_dir is None:
         return ""
     checkpoint = latest_checkpoint(run_dir)
@@ -342,25 +341,6 @@ def dumps_finite(value: Any, **kwargs) -> str:
 
 
 #: The weights file PEFT writes into an adapter folder (and the Trainer into each checkpoint).
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-
-
-def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
-    """Why the adapter's weights file cannot be used (missing, truncated/unreadable), or None when it opens.
-
-    Only the header is read (cheap): safetensors refuses a file whose size does not match its header.
-    """
-    from safetensors import safe_open
-
-    path = Path(adapter_dir) / ADAPTER_WEIGHTS
-    if not path.is_file():
-        return f"{path} is missing"
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            handle.keys()
-    except Exception as error:  # SafetensorError, OSError: a torn or foreign file
-        return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
-    return None
 
 
 def non_finite_tensors(adapter_dir: str | os.PathLike) -> list[str]:
@@ -412,65 +392,22 @@ def adapter_base_message(adapter_dir: str | os.PathLike, base: str, error: BaseE
 # --------------------------------------------------------------------------------------------- run folder lock
 
 
-#: Lock file in a run folder: holds the PID of the process training in it.
-LOCK_NAME = ".grpo-kit.lock"
+def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
+    """A run is done only when its adapter is finite: NaN/inf weights are moved to ``adapter.nonfinite`` and reported.
 
-
-def _lock_holder(lock: Path) -> int | None:
-    try:
-        text = lock.read_text(encoding="utf-8").strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def acquire_run_lock(run_dir: str | os.PathLike) -> Path:
-    """Take the run folder's lock (creating the folder), or refuse with the PID of the process that holds it.
-
-    Two processes training into one folder interleave their checkpoints and metrics. A lock whose process is gone
-    (killed, crashed) is taken over; one held by this very process (a notebook re-running ``train``) is kept.
-    Released by ``release_run_lock``, and at the latest when this process exits.
+    The logged loss of the last step is computed before that step's update, so the NumericsGuard cannot see an
+    update that broke the weights (an inf learning rate does exactly that).
     """
-    import atexit
-
-    run_dir = Path(run_dir)
-    lock = run_dir / LOCK_NAME
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:  # a file where the folder should be, no write permission, a read-only disk
-        raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
-    for _ in range(3):  # lost races with another process taking over a stale lock are retried
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            holder = _lock_holder(lock)
-            if holder is not None and process_alive(holder) and holder != os.getpid():
-                raise GrpoKitError(
-                    f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it to end, "
-                    f"stop it (kill {holder}), or choose another --output. If no such process runs, delete {lock}."
-                ) from None
-            if holder == os.getpid():
-                return lock
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-            continue
-        except OSError as error:
-            raise GrpoKitError(_unusable_run_dir(run_dir, error)) from None
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(str(os.getpid()))
-        atexit.register(release_run_lock, run_dir)
-        return lock
-    raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
-
-
-def _unusable_run_dir(run_dir: Path, error: OSError) -> str:
-    return (
-        f"{run_dir} cannot be used as a run folder: {error.strerror or error} ({error.filename or run_dir}). "
-        "Choose another --output, a folder you can write to."
+    bad = non_finite_tensors(adapter_dir)
+    if not bad:
+        return
+    aside = run_dir / "adapter.nonfinite"
+    shutil.rmtree(aside, ignore_errors=True)
+    os.rename(adapter_dir, aside)
+    raise NumericsError(
+        numerics_message(step, "the final adapter", f"NaN/inf in {len(bad)} tensor(s)", run_dir, checkpoint_is_clean=False)
+        + f" The broken adapter was moved to {aside}.",
+        step=step,
+        metric="adapter",
+        value=bad[0],
     )
-
-
-def release_run_lock(run_dir: str | os.PathLike) -> None:
-    """Remove the run folder's lock if this process holds it (never another process's lock)."""
-    lock = Path(run_dir) / LOCK_NAME
-    if _lock_holder(lock) == os.getpid():
-        lock.unlink(missing_ok=True)

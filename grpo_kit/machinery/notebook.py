@@ -87,7 +87,7 @@ def colab_badge_markdown(notebook: str) -> str:
 
 def mount_drive_if_colab(mount: str | os.PathLike = DRIVE_MOUNT) -> Path | None:
     """On Colab, mount Google Drive (Colab asks for permission once) and return the session root on it; else None."""
-    from grpo_kit.runtime import in_colab
+    from grpo_kit.machinery.runtime import in_colab
 
     if not in_colab():
         return None
@@ -245,7 +245,7 @@ def smoke_decision(device) -> tuple[bool, str]:
 
     ``GRPO_KIT_SMOKE=1`` turns it on, ``GRPO_KIT_SMOKE=0`` turns it off; unset, it is on exactly when there is no GPU.
     """
-    from grpo_kit.runtime import smoke_mode
+    from grpo_kit.machinery.runtime import smoke_mode
 
     raw = os.environ.get("GRPO_KIT_SMOKE", "").strip()
     if smoke_mode():
@@ -294,7 +294,7 @@ class NotebookSession:
     reason: str
     smoke: bool
     smoke_reason: str
-    device: object  # grpo_kit.runtime.DeviceInfo
+    device: object  # grpo_kit.machinery.runtime.DeviceInfo
     paths: NotebookPaths
     sizes: RunSizes
 
@@ -316,9 +316,9 @@ class NotebookSession:
         ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step. ``model_choice`` (a key of
         ``MODEL_CHOICES``) swaps the tier's model on a GPU; smoke mode keeps the embedded CPU model.
         """
-        from grpo_kit.planner import check_fits
+        from grpo_kit.machinery.planner import check_fits
+        from grpo_kit.machinery.runtime import detect_device
         from grpo_kit.recipes import auto_recipe, load_recipe
-        from grpo_kit.runtime import detect_device
 
         device = device or detect_device()
         if smoke is None:
@@ -922,7 +922,7 @@ def strip_notebook(path: str | os.PathLike) -> bool:
     """Remove outputs and execution counts from a notebook file in place; returns True when it changed.
 
     The repository keeps notebooks stripped (tests/test_notebooks.py checks it). Run
-    ``python -m grpo_kit.notebook notebooks/*.ipynb`` before committing a notebook you ran.
+    ``python -m grpo_kit.machinery.notebook notebooks/*.ipynb`` before committing a notebook you ran.
     """
     import nbformat
 

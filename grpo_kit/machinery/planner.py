@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.models import EMBEDDED_ID, EMBEDDED_NAME
+from grpo_kit.models import EMBEDDED_ID, EMBEDDED_NAME, gpu_required_message, needs_gpu
 
 GIB = 2**30
 #: Bytes per parameter of a bitsandbytes NF4 matrix: 4 bits + an 8-bit absmax per 64 values + an fp32 second-level
@@ -387,19 +387,6 @@ def estimate_vram(
         shared_weights=shared_weights,
         attention_scores=not on_gpu,
         on_gpu=bool(on_gpu),
-    )
-
-
-def needs_gpu(preset) -> bool:
-    """True for presets that cannot run on a CPU (4-bit weights, vLLM, or 16-bit precision)."""
-    return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
-
-
-def gpu_required_message(preset) -> str:
-    """What to do when a preset that ``needs_gpu`` meets a machine without CUDA."""
-    return (
-        f"Preset '{preset.name}' needs a CUDA GPU (4-bit weights / vLLM / {preset.precision}) and this machine "
-        "has none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
     )
 
 

@@ -3,7 +3,7 @@
 GRPO learns only from differences *inside* a group: a completion's advantage is its reward minus the group's mean.
 A question whose G completions all get the same reward (all wrong, or all right) gives every completion advantage
 0 and teaches nothing; TRL logs the share of such groups per step as ``frac_reward_zero_std``. Both measurements
-here come from one offline pass (``grpo-kit curriculum``, sampling in ``grpo_kit.sampling``): M sampled answers per
+here come from one offline pass (``grpo-kit curriculum``, sampling in ``grpo_kit.machinery.sampling``): M sampled answers per
 training question from the current model, then
 
 - **answer entropy** (called "semantic entropy" in grpo-training-engine): cluster the M answers by their final
@@ -279,7 +279,7 @@ def default_scores_path(data: str) -> Path:
 
 def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path:
     """One JSON row per question (``PromptScore.to_row``), written in one piece (``folders.atomic_write_text``)."""
-    from grpo_kit.folders import atomic_write_text
+    from grpo_kit.machinery.folders import atomic_write_text
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -380,34 +380,3 @@ def summarize(scores: Sequence[PromptScore]) -> dict:
         "frac_zero_variance": round(sum(s.zero_variance for s in scores) / n, 4),
     }
 
-
-def cli_curriculum(args) -> int:
-    """``grpo-kit curriculum``: sample ``--samples`` answers per training question, write the scores, print a summary."""
-    from grpo_kit.recipes import load_recipe
-    from grpo_kit.sampling import score_with_model
-
-    preset = load_recipe(args.preset)
-    if args.samples < 2:
-        raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
-    out = Path(args.out) if args.out else default_scores_path(args.data)
-    scores = score_with_model(
-        preset,
-        data=args.data,
-        model=args.model,
-        adapter=getattr(args, "adapter", None),
-        rewards=args.rewards,
-        samples=args.samples,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        limit=args.limit,
-        batch_size=args.batch_size,
-        seed=args.seed,
-    )
-    write_scores(out, scores)
-    summary = summarize(scores)
-    print(json.dumps(summary))
-    print(
-        f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} "
-        "[--curriculum-order entropy|accuracy|staged] [--zero-variance drop|last]"
-    )
-    return 0

@@ -1,6 +1,6 @@
-"""GGUF through Unsloth (GPU only), in a child process: ``python -m grpo_kit.unsloth_gguf --adapter A --out D --type T``.
+"""GGUF through Unsloth (GPU only), in a child process: ``python -m grpo_kit.machinery.unsloth_gguf --adapter A --out D --type T``.
 
-This is the route for models the CPU writer (``grpo_kit.gguf_export``) does not cover (Qwen2, Llama 3 rope scaling,
+This is the route for models the CPU writer (``grpo_kit.machinery.gguf_export``) does not cover (Qwen2, Llama 3 rope scaling,
 other tokenizers) and for k-quants such as ``q4_k_m``. What Unsloth 2026.10.7 does (``unsloth/save.py``,
 ``unsloth_save_pretrained_gguf``): merge the LoRA into a 16-bit checkpoint in ``save_directory``, build llama.cpp,
 convert and quantize, and write the ``.gguf`` files into the **sibling** folder ``<save_directory>_gguf``; it
@@ -59,7 +59,7 @@ def check_unsloth_gguf_type(gguf_type: str) -> str:
 
 def child_command(adapter_dir: Path, out_dir: Path, gguf_type: str) -> list[str]:
     """The command line of the child process (this interpreter, this module)."""
-    return [sys.executable, "-m", "grpo_kit.unsloth_gguf", "--adapter", str(adapter_dir), "--out", str(out_dir),
+    return [sys.executable, "-m", "grpo_kit.machinery.unsloth_gguf", "--adapter", str(adapter_dir), "--out", str(out_dir),
             "--type", gguf_type]
 
 
@@ -149,7 +149,7 @@ def remove_writer_folders(result: dict, out_dir: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Child entry point: merge ``--adapter`` with Unsloth and write GGUF ``--type`` via ``<--out>_gguf``."""
-    parser = argparse.ArgumentParser(prog="python -m grpo_kit.unsloth_gguf", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m grpo_kit.machinery.unsloth_gguf", description=main.__doc__)
     parser.add_argument("--adapter", required=True, help="LoRA adapter folder (its adapter_config names the base)")
     parser.add_argument("--out", required=True, help="Unsloth's save_directory; the .gguf lands in <out>_gguf")
     parser.add_argument("--type", required=True, help=f"one of {', '.join(UNSLOTH_GGUF_TYPES)}")
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
     from unsloth import FastLanguageModel
 
-    from grpo_kit.runtime import half_dtype_name
+    from grpo_kit.machinery.runtime import half_dtype_name
 
     # The adapter's config names the 16-bit base the parent verifies against (export.adapter_on_base); Unsloth
     # loads it unquantized in the GPU's 16-bit dtype and merges the LoRA in that dtype.
