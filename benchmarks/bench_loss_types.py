@@ -1,4 +1,4 @@
-"""Reward after N steps for each GRPO loss variant (``grpo_kit.presets.LOSS_VARIANTS``) on the CPU demo recipe.
+"""Reward after N steps for each GRPO loss variant (``grpo_kit.recipes.LOSS_VARIANTS``) on the CPU demo recipe.
 
 A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
 the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are

@@ -99,7 +99,7 @@ KNOBS = {
 def recipes_dir() -> Path:
     """The shipped recipes: ``recipes/`` of a checkout, or the copy installed inside the package (see pyproject)."""
     checkout = Path(__file__).resolve().parent.parent / "recipes"
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "recipes"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "recipes_data"
 
 
 @dataclass(frozen=True)
