@@ -110,5 +110,5 @@ def test_readme_scaling_section_is_the_one_in_docs_scaling():
     root = Path(__file__).resolve().parents[1]
     doc = (root / "docs" / "SCALING.md").read_text(encoding="utf-8")
     section = doc.split("<!-- README: paste from here ... -->\n", 1)[1].split("<!-- ... to here -->", 1)[0]
-    assert section.startswith("## Scaling out") and "--vllm-server" in section
+    assert section.startswith("## Scaling out") and "vllm_mode=server" in section
     assert section.strip() in (root / "README.md").read_text(encoding="utf-8")
