@@ -346,7 +346,7 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
     baseline = train(preset, dataset=dataset, overrides={"rewards": "toy"}, output_dir=tmp_path / "base")
     seen.clear()
     filtered = train(
-        preset, dataset=dataset, rewards="toy", output_dir=tmp_path / "drop",
+        preset, dataset=dataset, overrides={"rewards": "toy"}, output_dir=tmp_path / "drop",
         curriculum=Curriculum(str(path), order="entropy", zero_variance="drop"),
     )
     before = [row["frac_reward_zero_std"] for row in read_metrics(baseline.metrics_path)]

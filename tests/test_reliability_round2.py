@@ -337,7 +337,7 @@ REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "-
 @pytest.mark.slow
 def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    base = ["train", *REAL, "--model", str(tiny_model_dir), "--output", str(run_dir)]
+    base = ["train", *REAL, "--set", f"model.id={tiny_model_dir}", "--output", str(run_dir)]
     assert main([*base, "--set", "max_steps=2"]) == 0
     capsys.readouterr()
     before = snapshot(run_dir)

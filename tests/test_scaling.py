@@ -83,7 +83,7 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     command = [
         str(Path(sys.executable).with_name("accelerate")), "launch",
         "--config_file", str(CONFIGS / "cpu-2proc.yaml"),
-        str(launcher), "train", "--preset", "cpu", "--model", str(tiny_model_dir), "--data", "arithmetic",
+        str(launcher), "train", "--preset", "cpu", "--set", f"model.id={tiny_model_dir}", "--data", "arithmetic",
         "--set", "rewards=char_codes", "--set", "max_steps=2", "--set", "num_generations=2",
         "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
         "--set", "learning_rate=0.05", "--output", str(run_dir),
