@@ -1,4 +1,4 @@
-"""Reward after N steps for each GRPO loss variant (``grpo_kit.recipes.LOSS_VARIANTS``) on the CPU demo recipe.
+"""Reward after N steps for each GRPO loss variant (``grpo_kit.machinery.recipe_checks.LOSS_VARIANTS``) on the CPU demo recipe.
 
 A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
 the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are
@@ -19,7 +19,8 @@ from pathlib import Path
 
 
 def run_variant(name: str, steps: int, workdir: Path) -> list[dict]:
-    from grpo_kit.recipes import LOSS_VARIANTS, load_recipe
+    from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS
+    from grpo_kit.recipes import load_recipe
     from grpo_kit.train import train
 
     fields = LOSS_VARIANTS[name][0] if name in LOSS_VARIANTS else {"loss_type": name}  # a variant is --set keys
@@ -32,7 +33,7 @@ def mean(values: list[float]) -> float:
 
 
 def main() -> None:
-    from grpo_kit.recipes import LOSS_VARIANTS
+    from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant")

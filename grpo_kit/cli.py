@@ -27,7 +27,7 @@ def _add_presets(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
-    p.set_defaults(func=_handler("recipes", "cli_presets"))
+    p.set_defaults(func=_handler("machinery.presets_table", "cli_presets"))
 
 
 def _add_rewards(sub) -> None:

@@ -73,8 +73,8 @@ def train(
     every process runs this; only the main one writes run files.
     """
     from grpo_kit import models
+    from grpo_kit.machinery.recipe_checks import check_grpo_fields
     from grpo_kit.machinery.vllm_server import check_weight_sync
-    from grpo_kit.recipes import check_grpo_fields
 
     # --- Recipe, then the backend: Unsloth is imported before TRL/transformers/PEFT (it patches them at import)
     recipe = recipe.with_overrides(overrides)

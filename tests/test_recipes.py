@@ -10,20 +10,11 @@ import yaml
 from grpo_kit.cli import main, set_hint
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.machinery.planner import estimate_vram
+from grpo_kit.machinery.presets_table import presets_json, presets_table
+from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS, check_grpo_fields
 from grpo_kit.machinery.runtime import DeviceInfo
 from grpo_kit.models import EMBEDDED_ID
-from grpo_kit.recipes import (
-    FALLBACK_MODEL_4BIT,
-    LOSS_VARIANTS,
-    RECIPES,
-    auto_recipe,
-    check_grpo_fields,
-    load_recipe,
-    presets_json,
-    presets_table,
-    recipes_dir,
-    recorded_settings,
-)
+from grpo_kit.recipes import FALLBACK_MODEL_4BIT, RECIPES, auto_recipe, load_recipe, recipes_dir, recorded_settings
 
 GPU_RECIPES = [r for r in RECIPES.values() if r.vram_gb > 0]
 TIERS = {"cpu", "cpu-answers", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"}

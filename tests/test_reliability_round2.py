@@ -317,7 +317,8 @@ def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tm
 
 
 def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
-    from grpo_kit.recipes import check_grpo_fields, load_recipe, parse_set
+    from grpo_kit.machinery.recipe_checks import check_grpo_fields
+    from grpo_kit.recipes import load_recipe, parse_set
 
     recipe = check_grpo_fields(load_recipe("cpu", parse_set(
         ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"])))
