@@ -32,7 +32,7 @@ def _add_presets(sub) -> None:
 
 def _add_rewards(sub) -> None:
     p = sub.add_parser("rewards", help="list the reward functions a recipe can name (--set rewards=...)")
-    p.set_defaults(func=_handler("rewards", "cli_rewards"))
+    p.set_defaults(func=_handler("machinery.reward_specs", "cli_rewards"))
 
 
 def _add_train(sub) -> None:

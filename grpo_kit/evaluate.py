@@ -116,7 +116,7 @@ def rows_path(path: str | os.PathLike) -> Path:
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
     """One completion under both protocols; the prefill is part of the answer text.
 
-    Strict correctness and the format are the training rewards' verdicts (``rewards.score_completions``), so
+    Strict correctness and the format are the training rewards' verdicts (``machinery.reward_specs.score_completions``), so
     "strict" here means exactly what the ``correctness`` reward paid; lenient reads the last number in the text.
 
     >>> s = _score_row("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
@@ -125,7 +125,7 @@ def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
     >>> _score_row("so the answer is 7.", "7")["correct_strict"]
     False
     """
-    from grpo_kit.rewards import score_completions
+    from grpo_kit.machinery.reward_specs import score_completions
 
     scores = score_completions([completion], gold, ["correctness", "format"], prefill)[0]
     text = prefill + completion

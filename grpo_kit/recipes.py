@@ -245,7 +245,8 @@ def _reward_pairs(rewards) -> list[tuple[Any, float]]:
 def _parse_rewards(value) -> list[tuple[Any, float]]:
     """A ``--set rewards=...`` value (``"correctness:2,format"``, pairs or functions) → ``[(item, weight)]``: names
     that can be written down (built-ins, ``package.module:function``) stay names, other functions stay functions."""
-    from grpo_kit.rewards import REWARDS, parse_reward_spec
+    from grpo_kit.machinery.reward_specs import parse_reward_spec
+    from grpo_kit.rewards import REWARDS
 
     funcs, weights, names = parse_reward_spec(list(value.items()) if isinstance(value, Mapping) else value)
     return [(name if name in REWARDS or ":" in name else fn, w) for fn, w, name in zip(funcs, weights, names, strict=True)]

@@ -96,9 +96,10 @@ def train(
         guard_rewards,
     )
     from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
+    from grpo_kit.machinery.reward_specs import parse_reward_spec
     from grpo_kit.machinery.runtime import detect_device, set_torch_threads
     from grpo_kit.machinery.watch import CompletionSamples
-    from grpo_kit.rewards import format_rate, parse_reward_spec
+    from grpo_kit.rewards import format_rate
 
     set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request

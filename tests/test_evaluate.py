@@ -11,7 +11,7 @@ from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote
-from grpo_kit.rewards import score_completions
+from grpo_kit.machinery.reward_specs import score_completions
 
 _score_row = evaluate_module._score_row
 ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",

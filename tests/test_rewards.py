@@ -9,15 +9,8 @@ import re
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.rewards import (
-    DEFAULT_REWARD_SPEC,
-    REWARD_INFO,
-    REWARDS,
-    cli_rewards,
-    parse_reward_spec,
-    reward_table_markdown,
-    score_completions,
-)
+from grpo_kit.machinery.reward_specs import cli_rewards, parse_reward_spec, reward_table_markdown, score_completions
+from grpo_kit.rewards import DEFAULT_REWARD_SPEC, REWARD_INFO, REWARDS
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"

@@ -15,7 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
-from grpo_kit.rewards import REWARD_INFO, REWARDS, has_soft_format, score_completions
+from grpo_kit.machinery.reward_specs import score_completions
+from grpo_kit.rewards import REWARD_INFO, REWARDS, has_soft_format
 
 FUZZ_EXAMPLES = 1_250
 MIN_BATCH = 8  # FUZZ_EXAMPLES * MIN_BATCH = 10,000 completions per reward

@@ -699,7 +699,7 @@ def score_examples(names, prefill: str, examples=EXAMPLE_COMPLETIONS, gold: str 
     """
     import pandas as pd
 
-    from grpo_kit.rewards import parse_reward_spec, score_completions
+    from grpo_kit.machinery.reward_specs import parse_reward_spec, score_completions
 
     def as_completion(text: str) -> str:
         full = "<think>\n" + text

@@ -43,7 +43,7 @@ def score_dataset(dataset, sampler: Sampler, *, samples: int, reward_spec: str |
     Every row yields a ``PromptScore``: the final numbers of its samples (prefill + completion, as the rewards read
     them) and their weighted rewards under ``reward_spec`` (e.g. ``"tag_progress:1,correctness:0.25"``).
     """
-    from grpo_kit.rewards import parse_reward_spec
+    from grpo_kit.machinery.reward_specs import parse_reward_spec
 
     funcs, weights, names = parse_reward_spec(reward_spec)
     spec = ",".join(f"{name}:{weight:g}" for name, weight in zip(names, weights, strict=True))
