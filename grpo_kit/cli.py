@@ -65,7 +65,7 @@ def _add_train(sub) -> None:
         choices=list(ZERO_VARIANCE),
         help="questions whose sampled rewards were all equal (default: keep)",
     )
-    p.set_defaults(func=_handler("train", "cli_train"))
+    p.set_defaults(func=_handler("machinery.train_cli", "cli_train"))
 
 
 def _add_curriculum(sub) -> None:

@@ -96,6 +96,7 @@ def train(
         guard_rewards,
     )
     from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
+    from grpo_kit.machinery.planner import check_device
     from grpo_kit.machinery.reward_specs import parse_reward_spec
     from grpo_kit.machinery.runtime import detect_device, set_torch_threads
     from grpo_kit.machinery.watch import CompletionSamples
@@ -104,7 +105,7 @@ def train(
     set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request
     ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/machinery/compat.py
-    check_device(recipe, detect_device())
+    check_device(recipe, detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
     # --- Run folder, config and data: every check runs before any weights load
     run_dir = Path(output_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -150,7 +151,7 @@ def train(
     if is_main:
         if checkpoint is not None:
             truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        info = run_info(recipe, data=data, overrides=overrides or {}, reward_names=names, curriculum=curriculum_report)
+        info = runs.run_info(recipe, data=data, overrides=overrides or {}, reward_names=names, curriculum=curriculum_report)
         (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
 
     # --- The trainer (looked up now: on the Unsloth backend this is Unsloth's patched GRPOTrainer)
@@ -236,109 +237,4 @@ def _result(run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, alr
                        already_finished=already_finished)
 
 
-def _is_secret(key: str) -> bool:
-    """Keys whose values never go into run.json (``--set hub_token=...`` and the like)."""
-    return any(word in key.lower() for word in ("token", "secret", "password", "api_key"))
-
-
-def run_info(recipe, *, data: str, overrides: dict, reward_names: list[str], curriculum=None) -> dict:
-    """``run.json``: the recipe as trained (its sections), data, rewards, ``--set`` values (secrets masked), versions."""
-    import peft
-    import transformers
-    import trl
-
-    recorded = recipe.to_dict()
-    recorded["grpo"] = {k: ("***" if _is_secret(k) else v) for k, v in recorded["grpo"].items()}
-    return {
-        "recipe": recorded,
-        "model": recipe.model_id,
-        "data": data,
-        "rewards": reward_names,
-        "overrides": {k: ("***" if _is_secret(k) else v) for k, v in overrides.items()},
-        "curriculum": curriculum,
-        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
-    }
-
-
-def check_device(recipe, device) -> None:
-    """Refuse settings the machine cannot run, and warn when the VRAM planner expects the recipe not to fit.
-
-    Raises ``GrpoKitError`` for a GPU-only recipe without a GPU and for bf16 on a card without bf16 (a T4).
-    """
-    import warnings
-
-    from grpo_kit.machinery.planner import check_fits
-    from grpo_kit.models import needs_gpu
-
-    if device.kind != "cuda" and needs_gpu(recipe):
-        raise GrpoKitError(check_fits(recipe, device))
-    if device.kind == "cuda" and recipe.precision == "bf16" and not device.bf16:
-        raise GrpoKitError(
-            f"{device.name} has no bf16 support (a T4 or older card). Use fp16: pass precision='fp16' "
-            "(--set precision=fp16) or the t4-16gb recipe."
-        )
-    problem = check_fits(recipe, device)
-    if problem:
-        warnings.warn(f"VRAM planner: {problem}", stacklevel=3)
-
-
-
 # --------------------------------------------------------------------------------------------- CLI
-
-
-def cli_train(args) -> int:
-    """``grpo-kit train``: the recipe (``--preset``/``--recipe``, ``--set``), train, print the summary, draw curves."""
-    from grpo_kit.machinery.plots import plot_metrics
-    from grpo_kit.recipes import auto_recipe, load_recipe, parse_set, recorded_settings
-
-    if getattr(args, "recipe", None):
-        recipe = load_recipe(args.recipe)
-    elif args.preset == "auto":
-        recipe, reason = auto_recipe()
-        print(f"recipe: {recipe.name} ({reason})")
-    else:
-        recipe = load_recipe(args.preset)
-    overrides = parse_set(args.set)
-    if args.resume and args.output and "max_steps" not in overrides:  # finish the run as started, not the recipe's
-        recorded = recorded_settings(Path(args.output)).get("max_steps")
-        if isinstance(recorded, int) and recorded > 0:
-            overrides["max_steps"] = recorded
-    result = train(
-        recipe,
-        data=args.data,
-        output_dir=args.output,
-        resume=args.resume,
-        overrides=overrides,
-        curriculum=_curriculum_from_args(args),
-        lenient=getattr(args, "lenient", False),
-        show_completions=getattr(args, "show_completions", 0) or 0,
-    )
-    if not _is_main_process():  # under accelerate launch: one summary and one plot, from the main process
-        return 0
-    if result.already_finished:  # nothing changed, not even the plot
-        print(result.summary())
-        return 0
-    plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
-    print("\n" + result.summary() + f"\nplot: {plot}")
-    return 0
-
-
-def _curriculum_from_args(args):
-    """A ``Curriculum`` from ``--curriculum``/``--curriculum-order``/``--zero-variance``, or None without a file."""
-    order, zero_variance = getattr(args, "curriculum_order", None), getattr(args, "zero_variance", None)
-    if not getattr(args, "curriculum", None):
-        if order or zero_variance:
-            raise GrpoKitError(
-                "--curriculum-order and --zero-variance need the scores file: --curriculum scores.jsonl "
-                "(write it with grpo-kit curriculum --data DATA)."
-            )
-        return None
-    from grpo_kit.machinery.curriculum import Curriculum
-
-    return Curriculum(args.curriculum, order=order or "entropy", zero_variance=zero_variance or "keep")
-
-
-def _is_main_process() -> bool:
-    from accelerate import PartialState
-
-    return PartialState().is_main_process

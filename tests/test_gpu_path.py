@@ -354,11 +354,12 @@ def test_train_continues_without_vllm_when_the_engine_fails(fake_unsloth, tiny_m
 
 def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch,
                                                                    capsys):
-    import grpo_kit.train as train_module
 
     planned = []
-    check_device = train_module.check_device
-    monkeypatch.setattr(train_module, "check_device", lambda preset, device: (planned.append(preset),
+    import grpo_kit.machinery.planner as planner
+
+    check_device = planner.check_device
+    monkeypatch.setattr(planner, "check_device", lambda preset, device: (planned.append(preset),
                                                                              check_device(preset, device)))
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     _train_on_fake_gpu(tiny_model_dir, tmp_path, use_vllm=True)

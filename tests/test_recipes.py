@@ -9,12 +9,12 @@ import yaml
 
 from grpo_kit.cli import main, set_hint
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.planner import estimate_vram
+from grpo_kit.machinery.planner import FALLBACK_MODEL_4BIT, auto_recipe, estimate_vram
 from grpo_kit.machinery.presets_table import presets_json, presets_table
 from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS, check_grpo_fields
 from grpo_kit.machinery.runtime import DeviceInfo
 from grpo_kit.models import EMBEDDED_ID
-from grpo_kit.recipes import FALLBACK_MODEL_4BIT, RECIPES, auto_recipe, load_recipe, recipes_dir, recorded_settings
+from grpo_kit.recipes import RECIPES, load_recipe, recipes_dir, recorded_settings
 
 GPU_RECIPES = [r for r in RECIPES.values() if r.vram_gb > 0]
 TIERS = {"cpu", "cpu-answers", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"}
@@ -162,7 +162,7 @@ def test_unknown_recipe_name_lists_the_shipped_ones():
 
 
 def test_recorded_settings_read_back_what_run_info_wrote(tmp_path):
-    from grpo_kit.train import run_info
+    from grpo_kit.machinery.runs import run_info
 
     recipe = load_recipe("cpu", max_steps=5, few_shot=1)
     info = run_info(recipe, data="sample", overrides={"hub_token": "secret"}, reward_names=["tag_progress"])

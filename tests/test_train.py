@@ -194,8 +194,8 @@ def test_gpu_preset_on_cpu_is_refused_before_any_weights_load(tmp_path, monkeypa
 
 
 def test_bf16_on_a_t4_is_refused_with_the_fix():
+    from grpo_kit.machinery.planner import check_device
     from grpo_kit.machinery.runtime import DeviceInfo
-    from grpo_kit.train import check_device
 
     t4 = DeviceInfo(kind="cuda", name="Tesla T4", vram_gb=14.7, bf16=False)
     with pytest.raises(GrpoKitError, match="fp16"):
@@ -204,7 +204,7 @@ def test_bf16_on_a_t4_is_refused_with_the_fix():
 
 
 def test_run_info_masks_secret_overrides():
-    from grpo_kit.train import run_info
+    from grpo_kit.machinery.runs import run_info
 
     info = run_info(load_recipe("cpu"), data="sample", overrides={"hub_token": "hf_x", "beta": 0.1}, reward_names=[])
     assert info["overrides"] == {"hub_token": "***", "beta": 0.1}

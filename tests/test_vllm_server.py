@@ -326,7 +326,7 @@ def test_train_checks_the_server_before_any_weights_load(monkeypatch, tmp_path):
     def no_weights(*args, **kwargs):
         raise AssertionError("weights were loaded before the server check")
 
-    monkeypatch.setattr(train_module, "check_device", lambda preset, device: None)  # pretend this is a GPU box
+    monkeypatch.setattr("grpo_kit.machinery.planner.check_device", lambda preset, device: None)  # pretend this is a GPU box
     monkeypatch.setattr(models, "load_model", no_weights)
     preset = _vllm_cpu_preset(vllm_mode="server", vllm_server_base_url=_closed_port_url())
     run_dir = tmp_path / "run"

@@ -316,9 +316,9 @@ class NotebookSession:
         ``max_steps`` becomes ``SMOKE_STEPS`` and ``SMOKE_OVERRIDES`` shrink each step. ``model_choice`` (a key of
         ``MODEL_CHOICES``) swaps the tier's model on a GPU; smoke mode keeps the embedded CPU model.
         """
-        from grpo_kit.machinery.planner import check_fits
+        from grpo_kit.machinery.planner import auto_recipe, check_fits
         from grpo_kit.machinery.runtime import detect_device
-        from grpo_kit.recipes import auto_recipe, load_recipe
+        from grpo_kit.recipes import load_recipe
 
         device = device or detect_device()
         if smoke is None:
@@ -469,7 +469,7 @@ def save_run_record(run_dir: str | os.PathLike, preset, *, data: str, reward_nam
     resume check (``recipe_mismatch``) read to rebuild the prompt and find the base model."""
     path = Path(run_dir) / "run.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    from grpo_kit.train import run_info
+    from grpo_kit.machinery.runs import run_info
 
     record = run_info(preset, data=data, overrides={}, reward_names=list(reward_names))
     path.write_text(json.dumps(record, indent=2, default=str) + "\n", encoding="utf-8")

@@ -428,3 +428,77 @@ def check_fits(preset, device, model_shape: ModelShape | None = None) -> str | N
     if not preset.load_in_4bit:
         fixes.append("4-bit weights (load_in_4bit=True with an unsloth/...-bnb-4bit model)")
     return " ".join(problems) + " Try: " + "; ".join(fixes) + ". See docs/VRAM.md."
+
+
+def check_device(recipe, device) -> None:
+    """Refuse settings the machine cannot run, and warn when the VRAM planner expects the recipe not to fit.
+
+    Raises ``GrpoKitError`` for a GPU-only recipe without a GPU and for bf16 on a card without bf16 (a T4).
+    """
+    import warnings
+
+
+    if device.kind != "cuda" and needs_gpu(recipe):
+        raise GrpoKitError(check_fits(recipe, device))
+    if device.kind == "cuda" and recipe.precision == "bf16" and not device.bf16:
+        raise GrpoKitError(
+            f"{device.name} has no bf16 support (a T4 or older card). Use fp16: pass precision='fp16' "
+            "(--set precision=fp16) or the t4-16gb recipe."
+        )
+    problem = check_fits(recipe, device)
+    if problem:
+        warnings.warn(f"VRAM planner: {problem}", stacklevel=3)
+
+
+#: A card is given a tier when it reports at least this fraction of the tier's ``vram_gb`` (rounding, ECC).
+TIER_TOLERANCE = 0.97
+
+
+#: The documented fallback model when the tier's model is too big: 1.5B parameters.
+FALLBACK_MODEL = "unsloth/Qwen2.5-1.5B-Instruct"
+
+
+#: The same model pre-quantised to 4 bits, for recipes with ``load_in_4bit`` (vLLM loads it as it is).
+FALLBACK_MODEL_4BIT = "unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit"
+
+
+def auto_recipe(device=None) -> tuple:
+    """Pick the tier for ``device`` (a ``runtime.DeviceInfo``; detected when None) and say why in one line.
+
+    The largest GPU tier whose ``vram_gb`` the card reaches (within ``TIER_TOLERANCE``) wins; a card without bf16
+    gets fp16; a GPU smaller than a T4 gets the T4 recipe with the fallback 1.5B model.
+
+    >>> from grpo_kit.machinery.runtime import DeviceInfo
+    >>> auto_recipe(DeviceInfo("cuda", "Tesla T4", 14.74, False))[0].name
+    't4-16gb'
+    """
+    from grpo_kit.recipes import RECIPES
+
+    if device is None:
+        from grpo_kit.machinery.runtime import detect_device
+
+        device = detect_device()
+    if device.kind != "cuda":
+        return RECIPES["cpu"], (
+            "No CUDA GPU → cpu: the embedded SmolLM2-135M trains on the CPU in minutes (it learns the answer format; "
+            "the cpu-answers recipe teaches one-step arithmetic)."
+        )
+    gpu_tiers = [r for r in RECIPES.values() if r.vram_gb > 0]
+    fitting = [r for r in gpu_tiers if device.vram_gb >= r.vram_gb * TIER_TOLERANCE]
+    changes: dict = {}
+    if fitting:
+        recipe = fitting[-1]
+        why = f"the largest tier for {recipe.vram_gb:g}+ GiB cards"
+    else:
+        recipe = gpu_tiers[0]
+        changes["model.id"] = FALLBACK_MODEL_4BIT if recipe.model["load_in_4bit"] else FALLBACK_MODEL
+        why = f"smaller than a T4's {recipe.vram_gb:g} GiB, so the T4 recipe with the 1.5B fallback model"
+    if recipe.model["precision"] == "bf16" and not device.bf16:
+        changes["model.precision"] = "fp16"
+        why += "; fp16 since this GPU has no bf16"
+    recipe = recipe.with_overrides(changes)
+    estimate = estimate_vram(recipe, card_gb=device.vram_gb)
+    reason = (f"{device.name} with {device.vram_gb:.1f} GiB → {recipe.name} because it is {why} "
+              f"(planner: ~{estimate.total_gib:.1f} GiB).")
+    warning = check_fits(recipe, device)
+    return recipe, reason + (" Warning: " + warning if warning else "")

@@ -303,3 +303,27 @@ def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
     except Exception as error:  # SafetensorError, OSError: a torn or foreign file
         return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
     return None
+
+
+def _is_secret(key: str) -> bool:
+    """Keys whose values never go into run.json (``--set hub_token=...`` and the like)."""
+    return any(word in key.lower() for word in ("token", "secret", "password", "api_key"))
+
+
+def run_info(recipe, *, data: str, overrides: dict, reward_names: list[str], curriculum=None) -> dict:
+    """``run.json``: the recipe as trained (its sections), data, rewards, ``--set`` values (secrets masked), versions."""
+    import peft
+    import transformers
+    import trl
+
+    recorded = recipe.to_dict()
+    recorded["grpo"] = {k: ("***" if _is_secret(k) else v) for k, v in recorded["grpo"].items()}
+    return {
+        "recipe": recorded,
+        "model": recipe.model_id,
+        "data": data,
+        "rewards": reward_names,
+        "overrides": {k: ("***" if _is_secret(k) else v) for k, v in overrides.items()},
+        "curriculum": curriculum,
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__},
+    }
