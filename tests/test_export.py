@@ -18,7 +18,9 @@ import grpo_kit.machinery.gguf_export as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import export, normalize_evals, parse_formats
+from grpo_kit.export import export, parse_formats
+from grpo_kit.machinery import export_checks, hub
+from grpo_kit.machinery.export_info import normalize_evals
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -95,16 +97,16 @@ def test_check_logits_rules(tmp_path):
     torch.manual_seed(0)
     base = (torch.randn(5, 50) * 10,)
     tuned = (base[0] + torch.randn(5, 50),)
-    reference = export_module.Reference(((1, 2, 3, 4, 5),), tuned, base)
+    reference = export_checks.Reference(((1, 2, 3, 4, 5),), tuned, base)
     noisy = (tuned[0] + 0.01 * torch.randn(5, 50),)
-    ok = export_module.check_logits("merged16", "merged16:bfloat16", noisy, reference, path=tmp_path, detail="d")
+    ok = export_checks.check_logits("merged16", "merged16:bfloat16", noisy, reference, path=tmp_path, detail="d")
     assert ok.max_abs_diff <= ok.tolerance and ok.lora_effect > ok.tolerance and ok.note == ""
     with pytest.raises(GrpoKitError, match="LoRA weights are missing"):
-        export_module.check_logits("merged16", "merged16:float16", base, reference, path=tmp_path, detail="d")
+        export_checks.check_logits("merged16", "merged16:float16", base, reference, path=tmp_path, detail="d")
     with pytest.raises(GrpoKitError, match="exceeds the limit"):
-        export_module.check_logits("lora", "lora", noisy, reference, path=tmp_path, detail="d")
-    no_op = export_module.Reference(reference.prompts, base, base)
-    assert "no logit at all" in export_module.check_logits("lora", "lora", base, no_op, path=tmp_path, detail="d").note
+        export_checks.check_logits("lora", "lora", noisy, reference, path=tmp_path, detail="d")
+    no_op = export_checks.Reference(reference.prompts, base, base)
+    assert "no logit at all" in export_checks.check_logits("lora", "lora", base, no_op, path=tmp_path, detail="d").note
 
 
 @pytest.mark.slow
@@ -202,7 +204,7 @@ def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
         calls.append((folder, repo, token))
         return f"https://huggingface.co/{repo}"
 
-    monkeypatch.setattr(export_module, "upload_folder", fake_upload)
+    monkeypatch.setattr(hub, "upload_folder", fake_upload)
     results = export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="pushed", push_to_hub="me/grpo-test")
     assert calls == [(tmp_path / "pushed", "me/grpo-test", FAKE_TOKEN)]
     assert results[0].hub_url == "https://huggingface.co/me/grpo-test"
@@ -215,14 +217,14 @@ def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
     def failing_upload(folder, repo, token):
         raise RuntimeError(f"401 Unauthorized for token {token}")
 
-    monkeypatch.setattr(export_module, "upload_folder", failing_upload)
+    monkeypatch.setattr(hub, "upload_folder", failing_upload)
     with pytest.raises(GrpoKitError) as error:
-        export_module.push_folder(tmp_path / "pushed", "me/grpo-test")
+        hub.push_folder(tmp_path / "pushed", "me/grpo-test")
     assert FAKE_TOKEN not in str(error.value) and "***" in str(error.value)
 
     monkeypatch.delenv("HF_TOKEN")
     with pytest.raises(GrpoKitError, match="HF_TOKEN"):
-        export_module.push_folder(tmp_path / "pushed", "me/grpo-test")
+        hub.push_folder(tmp_path / "pushed", "me/grpo-test")
 
 
 @pytest.mark.slow

@@ -228,7 +228,7 @@ def _disk_full(tmp, env):
 
 
 def _upload_fails(tmp, env):
-    import grpo_kit.export as export_module
+    from grpo_kit.machinery import hub
 
     _adapter()(tmp, env)
     env["monkeypatch"].setenv("HF_TOKEN", "hf_FAKEtoken0123456789SECRET")
@@ -236,7 +236,7 @@ def _upload_fails(tmp, env):
     def refuse(folder, repo, token):
         raise RuntimeError(f"403 Forbidden for {repo} with {token}")
 
-    env["monkeypatch"].setattr(export_module, "upload_folder", refuse)
+    env["monkeypatch"].setattr(hub, "upload_folder", refuse)
 
 
 def _no_token(tmp, env):

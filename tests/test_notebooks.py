@@ -605,7 +605,7 @@ def test_model_card_preview_drops_the_front_matter(tmp_path):
 
 
 def _export_results(tmp_path):
-    from grpo_kit.export import ExportResult
+    from grpo_kit.machinery.export_checks import ExportResult
 
     lora = tmp_path / "x" / "lora"
     lora.mkdir(parents=True)
@@ -801,7 +801,7 @@ def test_on_colab_drive_is_mounted_and_the_session_lives_there(fake_colab, tmp_p
 
 
 def test_on_colab_the_hub_token_comes_from_the_secret(fake_colab, monkeypatch):
-    from grpo_kit.export import hub_token
+    from grpo_kit.machinery.hub import hub_token
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     assert hub_token() == "hf_from_colab"

@@ -15,7 +15,7 @@ import torch
 
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.export import Reference, check_logits
+from grpo_kit.machinery.export_checks import Reference, check_logits
 
 NAN, INF = float("nan"), float("inf")
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-import grpo_kit.export as export_module
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.export import export, parse_gguf_types
+from grpo_kit.machinery import unsloth_gguf
 from grpo_kit.machinery.unsloth_gguf import move_gguf_files
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def fake_unsloth(tmp_path, monkeypatch):
     log = tmp_path / "unsloth-calls.jsonl"
     monkeypatch.setenv("FAKE_UNSLOTH_LOG", str(log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(export_module, "gguf_route", lambda *args: "unsloth")
+    monkeypatch.setattr(unsloth_gguf, "gguf_route", lambda *args: "unsloth")
     return lambda: [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -130,16 +130,16 @@ def test_k_quants_are_accepted_and_routed_to_unsloth_only(adapter, tiny_model_di
     from grpo_kit.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    assert export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
+    assert unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
     with pytest.raises(GrpoKitError, match="k-quants"):  # no GPU here: the CPU writer's message names the way out
-        export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
+        unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
     import importlib.util
 
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
-    assert export_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
+    assert unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
 
 
 def test_several_files_keep_their_names(tmp_path):

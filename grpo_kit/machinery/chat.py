@@ -47,7 +47,7 @@ def load_chat_model(model: str | None, adapter: str | os.PathLike | None):
     """``(model, tokenizer, settings)``: base (``model``, else the adapter's recorded base, else embedded) + adapter,
     and the ``few_shot``/``prefill`` the adapter was trained with."""
     from grpo_kit.evaluate import run_prompt_settings
-    from grpo_kit.export import read_run_info, resolve_base_model
+    from grpo_kit.machinery.export_info import read_run_info, resolve_base_model
     from grpo_kit.models import load_inference_model
 
     if adapter is not None and not model:

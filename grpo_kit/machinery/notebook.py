@@ -633,7 +633,7 @@ def _local_or_hub(source: str) -> Path:
         raise GrpoKitError(f"{source} does not exist. Give an adapter folder, or a Hub repo id such as user/grpo-model.")
     from huggingface_hub import snapshot_download
 
-    from grpo_kit.export import hub_token
+    from grpo_kit.machinery.hub import hub_token
 
     try:
         return Path(snapshot_download(source, token=hub_token()))

@@ -31,7 +31,7 @@ from pathlib import Path
 from grpo_kit.errors import GrpoKitError
 
 #: Types this route accepts: each is one of Unsloth's ``quantization_method`` names and has a verification tolerance
-#: in ``grpo_kit.export.TOLERANCES`` (transformers' GGUF reader dequantizes all of them through gguf-py).
+#: in ``grpo_kit.machinery.export_checks.TOLERANCES`` (transformers' GGUF reader dequantizes all of them through gguf-py).
 UNSLOTH_GGUF_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m")
 RESULT_PREFIX = "grpo-kit-result: "
 NO_FILES_HELP = (
@@ -144,6 +144,59 @@ def remove_writer_folders(result: dict, out_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def gguf_route(base_path: str, tokenizer, gguf_types: Sequence[str]) -> str:
+    """``"cpu"`` when the gguf-py writer handles the model and every type, ``"unsloth"`` on a GPU with Unsloth
+    installed, else the CPU writer's ``GrpoKitError`` (it names the way out)."""
+    import importlib.util
+
+    import torch
+    from transformers import AutoConfig
+
+    from grpo_kit.machinery.gguf_export import check_gguf_type, check_supported, embedded_tokenizer_fields
+
+    try:
+        for gguf_type in gguf_types:
+            check_gguf_type(gguf_type)
+        check_supported(AutoConfig.from_pretrained(base_path))
+        embedded_tokenizer_fields(tokenizer)
+        return "cpu"
+    except GrpoKitError:
+        if torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None:
+            return "unsloth"
+        raise
+
+
+def adapter_on_base(adapter_dir: Path, base_path: str, folder: Path) -> Path:
+    """A copy of the adapter in ``folder`` whose ``adapter_config.json`` names ``base_path`` as its base.
+
+    Unsloth merges into the base the adapter config names; pointing it at the base the verification loads (the
+    16-bit original of a 4-bit training base, or ``--model``) makes both sides use the same weights.
+    """
+    folder.mkdir(parents=True)
+    for item in adapter_dir.iterdir():
+        if item.is_file():
+            shutil.copy2(item, folder / item.name)
+    config = json.loads((folder / "adapter_config.json").read_text(encoding="utf-8"))
+    config["base_model_name_or_path"] = base_path
+    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    return folder
+
+
+def gguf_with_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_type: str, say) -> tuple[list[Path], str]:
+    """Run Unsloth's writer in a child process under ``scratch``: ``(gguf files, dtype it merged in)``.
+
+    The files stay in ``scratch`` (outside the staging folder) until ``move_gguf_files`` puts them in place.
+    """
+    adapter = adapter_on_base(adapter_dir, base_path, scratch / f"adapter-{gguf_type}")
+    out = scratch / f"merged-{gguf_type}-{scratch.name}"  # unique name: the writer may relocate it (Kaggle)
+    files, result = write_with_unsloth(adapter, out, gguf_type, echo=say)
+    keep = scratch / f"gguf-{gguf_type}"
+    keep.mkdir()
+    moved = [Path(shutil.move(str(path), keep / path.name)) for path in files]
+    remove_writer_folders(result, out)  # the merged 16-bit checkpoint and llama.cpp leftovers (GBs)
+    return moved, str(result.get("dtype") or "float16")
+
+
 # --------------------------------------------------------------------------------------------- the child
 
 
@@ -162,7 +215,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from grpo_kit.machinery.runtime import half_dtype_name
 
-    # The adapter's config names the 16-bit base the parent verifies against (export.adapter_on_base); Unsloth
+    # The adapter's config names the 16-bit base the parent verifies against (adapter_on_base); Unsloth
     # loads it unquantized in the GPU's 16-bit dtype and merges the LoRA in that dtype.
     dtype = getattr(torch, half_dtype_name())
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=args.adapter, load_in_4bit=False, dtype=dtype)
