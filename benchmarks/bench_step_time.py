@@ -54,8 +54,8 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.machinery.embedded import embedded_model_path
     from grpo_kit.machinery.reward_specs import parse_reward_spec
-    from grpo_kit.models import embedded_model_path
 
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -399,7 +399,7 @@ def tokenizer_dir() -> Path:
     """The tokenizer the built models use: ``$GRPO_KIT_TOKENIZER`` (the bundle's copy) or the embedded model's."""
     if os.environ.get(TOKENIZER_ENV):
         return Path(os.environ[TOKENIZER_ENV])
-    from grpo_kit.models import embedded_model_path
+    from grpo_kit.machinery.embedded import embedded_model_path
 
     return embedded_model_path()
 
@@ -500,7 +500,7 @@ def run_worker(spec: dict) -> dict:
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
         return {"status": "built", **build_model(run.arch, model_dir)}
     preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16())
-    from grpo_kit.models import prepare_backend
+    from grpo_kit.machinery.backend import prepare_backend
 
     prepare_backend(preset)  # Unsloth runs: import it before the tokenizer/timer import transformers (import order)
     row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision}

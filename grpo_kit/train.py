@@ -73,6 +73,7 @@ def train(
     every process runs this; only the main one writes run files.
     """
     from grpo_kit import models
+    from grpo_kit.machinery.backend import prepare_backend, without_missing_vllm
     from grpo_kit.machinery.recipe_checks import check_grpo_fields
     from grpo_kit.machinery.vllm_server import check_weight_sync
 
@@ -81,8 +82,8 @@ def train(
     if curriculum is not None:  # no shuffling when the order matters (unless --set says otherwise)
         recipe = recipe.with_overrides({k: v for k, v in curriculum.config_overrides().items() if k not in (overrides or {})})
     check_weight_sync(recipe)  # server mode + 4-bit weights cannot work: refused before anything loads
-    backend = models.prepare_backend(recipe)
-    recipe = models.without_missing_vllm(check_grpo_fields(recipe))  # TRL's field names and types, now importable
+    backend = prepare_backend(recipe)
+    recipe = without_missing_vllm(check_grpo_fields(recipe))  # TRL's field names and types, now importable
 
     import trl
 

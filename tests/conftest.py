@@ -23,7 +23,7 @@ def _pin_threads():
 @pytest.fixture(scope="session")
 def embedded_dir():
     """Plain HF folder of the embedded SmolLM2-135M-Instruct (converted once per cache dir, ~1 min the first time)."""
-    from grpo_kit.models import embedded_model_path
+    from grpo_kit.machinery.embedded import embedded_model_path
 
     return embedded_model_path()
 

@@ -14,7 +14,7 @@ import torch
 
 from grpo_kit import models
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import runtime
+from grpo_kit.machinery import backend, runtime
 from grpo_kit.recipes import load_recipe
 
 
@@ -147,16 +147,16 @@ def test_unsloth_backend_trains_with_unsloths_patched_trainer_and_config(fake_un
 
 
 def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
-    assert models.prepare_backend(load_recipe("cpu", backend="transformers")) == "transformers"
+    assert backend.prepare_backend(load_recipe("cpu", backend="transformers")) == "transformers"
     assert fake_unsloth.imported is False
-    assert models.prepare_backend(load_recipe("cpu", backend="unsloth")) == "unsloth"
+    assert backend.prepare_backend(load_recipe("cpu", backend="unsloth")) == "unsloth"
     assert fake_unsloth.imported is True
 
 
 def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
     with pytest.raises(GrpoKitError, match="--set backend=transformers"):
-        models.prepare_backend(load_recipe("a100-80gb"))
+        backend.prepare_backend(load_recipe("a100-80gb"))
 
 
 _IMPORT_ORDER_DRIVER = """
@@ -373,7 +373,7 @@ def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, t
 def test_server_mode_without_an_importable_vllm_is_refused(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(GrpoKitError, match="drop --set vllm_mode=server"):
-        models.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
+        backend.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
 
 
 def test_use_vllm_false_reaches_train_as_an_override(monkeypatch):

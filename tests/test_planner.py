@@ -7,6 +7,7 @@ import json
 import pytest
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.embedded import EMBEDDED_ID
 from grpo_kit.machinery.planner import (
     KNOWN_SHAPES,
     LLAMA_31_8B,
@@ -22,7 +23,6 @@ from grpo_kit.machinery.planner import (
     shape_for,
 )
 from grpo_kit.machinery.runtime import DeviceInfo
-from grpo_kit.models import EMBEDDED_ID
 from grpo_kit.recipes import load_recipe
 
 T4 = DeviceInfo("cuda", "Tesla T4", 14.7, False)

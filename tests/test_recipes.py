@@ -9,11 +9,11 @@ import yaml
 
 from grpo_kit.cli import main, set_hint
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.embedded import EMBEDDED_ID
 from grpo_kit.machinery.planner import FALLBACK_MODEL_4BIT, auto_recipe, estimate_vram
 from grpo_kit.machinery.presets_table import presets_json, presets_table
 from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS, check_grpo_fields
 from grpo_kit.machinery.runtime import DeviceInfo
-from grpo_kit.models import EMBEDDED_ID
 from grpo_kit.recipes import RECIPES, load_recipe, recipes_dir, recorded_settings
 
 GPU_RECIPES = [r for r in RECIPES.values() if r.vram_gb > 0]

@@ -18,6 +18,7 @@ import pytest
 
 from grpo_kit import models
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.backend import resolve_backend, zero3_launch
 from grpo_kit.machinery.vllm_server import check_server, serve_command, server_url
 from grpo_kit.recipes import load_recipe
 from grpo_kit.train import build_grpo_config
@@ -82,12 +83,12 @@ def test_colocate_mode_leaves_the_server_url_alone(tmp_path):
 )
 def test_resolve_backend(backend, cuda, zero3, expected):
     preset = load_recipe("a100-80gb", backend=backend)
-    assert models.resolve_backend(preset, cuda=cuda, zero3=zero3) == expected
+    assert resolve_backend(preset, cuda=cuda, zero3=zero3) == expected
 
 
 def test_unsloth_under_zero3_is_refused_with_the_alternatives():
     with pytest.raises(GrpoKitError, match="backend=transformers"):
-        models.resolve_backend(load_recipe("a100-80gb", backend="unsloth"), cuda=True, zero3=True)
+        resolve_backend(load_recipe("a100-80gb", backend="unsloth"), cuda=True, zero3=True)
 
 
 def test_unsloth_without_a_gpu_is_refused_before_importing_it():
@@ -96,8 +97,8 @@ def test_unsloth_without_a_gpu_is_refused_before_importing_it():
 
 
 def test_zero3_is_read_from_accelerates_environment():
-    assert models.zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
-    assert not models.zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
+    assert zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"})
+    assert not zero3_launch({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"})
 
 
 def test_transformers_kwargs_place_each_process_on_its_gpu_except_under_zero3(monkeypatch):

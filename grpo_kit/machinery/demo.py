@@ -64,9 +64,10 @@ def run_demo(
 ) -> dict:
     """Run the whole demo for ``task`` (``TASKS``); returns a dict with the train result, eval results (and, for
     arithmetic, ``"change"``: a ``stats.PairedDifference``) and export results."""
+    from grpo_kit.machinery.embedded import EMBEDDED_ID
     from grpo_kit.machinery.plots import plot_metrics
     from grpo_kit.machinery.runtime import set_torch_threads
-    from grpo_kit.models import EMBEDDED_ID, load_inference_model
+    from grpo_kit.models import load_inference_model
     from grpo_kit.recipes import load_recipe
     from grpo_kit.train import train
 

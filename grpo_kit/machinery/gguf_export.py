@@ -87,7 +87,7 @@ def embedded_tokenizer_fields(tokenizer) -> list[tuple[str, Any, Any, Any]]:
 
     Raises ``GrpoKitError`` when ``tokenizer``'s tokens differ from the embedded SmolLM2 tokenizer's.
     """
-    from grpo_kit.models import embedded_gguf_path
+    from grpo_kit.machinery.embedded import embedded_gguf_path
 
     tokens, fields = _read_tokenizer_fields(str(embedded_gguf_path()))
     if len(tokenizer) != len(tokens) or tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokens))))) != tokens:

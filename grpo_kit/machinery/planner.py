@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.models import EMBEDDED_ID, EMBEDDED_NAME, gpu_required_message, needs_gpu
+from grpo_kit.machinery.backend import gpu_required_message, needs_gpu
+from grpo_kit.machinery.embedded import EMBEDDED_ID, EMBEDDED_NAME
 
 GIB = 2**30
 #: Bytes per parameter of a bitsandbytes NF4 matrix: 4 bits + an 8-bit absmax per 64 values + an fp32 second-level

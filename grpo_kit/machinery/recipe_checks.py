@@ -17,7 +17,7 @@ ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 PRECISIONS = ("fp16", "bf16", "fp32")
 #: Where vLLM generates (``grpo.vllm_mode``): in the training process, or in a ``trl vllm-serve`` server.
 VLLM_MODES = ("colocate", "server")
-#: How the policy is loaded (``model.backend``); ``models.resolve_backend`` turns ``auto`` into one of the others.
+#: How the policy is loaded (``model.backend``); ``backend.resolve_backend`` turns ``auto`` into one of the others.
 BACKENDS = ("auto", "unsloth", "transformers")
 #: Keys of the ``model`` and ``prompt`` sections and their types (the ``grpo`` section is TRL's; see ``GRPO_TYPES``).
 MODEL_KEYS = {"id": str, "load_in_4bit": bool, "max_seq_length": int, "precision": str, "lora_rank": int,
@@ -106,7 +106,7 @@ def check_grpo_fields(recipe):
     """The ``grpo`` section checked against the installed TRL: an unknown field is refused with the closest valid
     name, and each value is converted to ``GRPOConfig``'s annotated type (``--set max_steps=1.5`` is refused).
 
-    Imports TRL: on the GPU path call it after ``models.prepare_backend`` (``train`` does).
+    Imports TRL: on the GPU path call it after ``backend.prepare_backend`` (``train`` does).
     """
     import dataclasses as dc
     import typing
