@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.data import arithmetic_key, load_gsm8k, make_arithmetic_dataset
+from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.arithmetic import arithmetic_key, make_arithmetic_dataset
 from grpo_kit.machinery.stats import mcnemar_exact, paired_difference, wilson
 from grpo_kit.recipes import load_recipe
 

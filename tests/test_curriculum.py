@@ -292,7 +292,7 @@ def test_hf_sampler_draws_through_the_shared_generate_loop(tiny_model_dir):
 @pytest.mark.slow
 def test_cli_curriculum_writes_scores_next_to_the_data(tiny_model_dir, tmp_path, capsys):
     from grpo_kit.cli import main
-    from grpo_kit.data import make_arithmetic_dataset
+    from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
 
     data = tmp_path / "train.jsonl"
     rows = make_arithmetic_dataset(3, seed=0).to_list()
@@ -322,7 +322,7 @@ def _char_code_reward_for(flat_questions):
 def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_dir, tmp_path, monkeypatch):
     """Real TRL runs: half the questions can only ever score 0. Dropping them (from scores) removes the flat groups
     TRL reports, and the curriculum order is the order TRL trains on."""
-    from grpo_kit.data import make_arithmetic_dataset
+    from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
     from grpo_kit.machinery.metrics import read_metrics
     from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS

@@ -10,19 +10,19 @@ from fractions import Fraction
 
 import pytest
 
-from grpo_kit import data
 from grpo_kit.answers import extract_tagged_answer
 from grpo_kit.data import (
     FEW_SHOT_EXAMPLES,
     SYSTEM_PROMPT,
     build_messages,
-    extract_gsm8k_answer,
     format_for_grpo,
     load_gsm8k,
-    make_arithmetic_dataset,
     render_prompt,
 )
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery import arithmetic, data_sources
+from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
+from grpo_kit.machinery.data_sources import extract_gsm8k_answer
 
 GOOD = "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"
 
@@ -270,7 +270,8 @@ def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
     assert ds["answer"] == ["0", "2", "4", "6", "8"]
     text = str(caught[0].message)
     assert "skipped 5 bad row" in text and "line 2" in text
-    assert len(text.split("First notes: ")[1].split("; ")) == data.MAX_REASONS  # one note per skipped row, up to the cap
+    # one note per skipped row, up to the cap
+    assert len(text.split("First notes: ")[1].split("; ")) == data_sources.MAX_REASONS
 
 
 def test_all_rows_bad_is_an_error_even_when_lenient(tmp_path):
@@ -550,7 +551,7 @@ def test_arithmetic_is_labelled_synthetic():
 
 def test_arithmetic_splits_are_disjoint():
     train, test = load_gsm8k("arithmetic", "train"), load_gsm8k("arithmetic", "test")
-    assert len(train) == data.ARITHMETIC_SIZES["train"] and len(test) == data.ARITHMETIC_SIZES["test"]
+    assert len(train) == arithmetic.ARITHMETIC_SIZES["train"] and len(test) == arithmetic.ARITHMETIC_SIZES["test"]
     assert not set(train["question"]) & set(test["question"])
 
 

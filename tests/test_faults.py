@@ -247,10 +247,10 @@ def _no_token(tmp, env):
 def _hub_unreachable(tmp, env):
     import datasets
 
-    import grpo_kit.data as data
+    import grpo_kit.machinery.data_sources as data_sources
 
     env["monkeypatch"].setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    env["monkeypatch"].setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    env["monkeypatch"].setattr(data_sources, "hub_reachable", lambda timeout=3.0: False)
     env["monkeypatch"].setenv("HF_DATASETS_CACHE", str(tmp / "empty-cache"))
     env["monkeypatch"].setenv("HF_HUB_CACHE", str(tmp / "empty-hub-cache"))
 
@@ -497,6 +497,7 @@ def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
     import datasets
 
     import grpo_kit.data as data
+    import grpo_kit.machinery.data_sources as data_sources
 
     seen = []
 
@@ -507,7 +508,7 @@ def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
         return datasets.Dataset.from_list([GOOD])
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
+    monkeypatch.setattr(data_sources, "hub_reachable", lambda timeout=3.0: False)
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     assert len(data.load_gsm8k("gsm8k", "train")) == 1
     assert seen == [(True, True)] and datasets.config.HF_HUB_OFFLINE is False  # restored afterwards
