@@ -10,7 +10,8 @@ import grpo_kit.evaluate as evaluate_module
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote
+from grpo_kit.evaluate import EvalResult, evaluate, evaluate_before_after, majority_vote
+from grpo_kit.machinery.eval_report import compare, plot_before_after
 from grpo_kit.machinery.reward_specs import score_completions
 
 _score_row = evaluate_module._score_row
@@ -162,7 +163,7 @@ def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make
     assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
     assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
     assert [r["completion"] for r in base.rows] != [r["completion"] for r in tuned.rows]
-    path = evaluate_module.plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
+    path = plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
     assert path.stat().st_size > 1000
 
 
