@@ -9,10 +9,11 @@ Every number comes with its protocol, because the protocol alone moves GSM8K sco
 Prompts are built exactly as for training (``data.build_messages`` + the chat template via ``data.render_prompt``,
 plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
 
-On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding. On a GPU,
-a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead,
-with its LoRA adapter loaded into the engine (``machinery.vllm_generate``); that path is small, not run on a GPU,
-and tested on CPU with a fake engine. The before/after table, the chart and ``grpo-kit eval`` live in
+On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding and pinned
+decoding settings (``machinery.generation.generate_hf``). On a GPU, a model loaded by Unsloth with
+``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead, with its LoRA adapter loaded
+into the engine (``machinery.generation.engine_lora_request``); that path is small, not run on a GPU, and tested
+on CPU with a fake engine. The before/after table, the chart and ``grpo-kit eval`` live in
 ``machinery.eval_report``.
 
 >>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
@@ -33,16 +34,10 @@ from pathlib import Path
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.vllm_generate import _use_vllm, engine_lora_request, generate_vllm
+from grpo_kit.machinery.generation import _use_vllm, engine_lora_request, generate_hf, generate_vllm
 
 #: Sampling temperature for maj@k (greedy pass@1 uses no temperature).
 MAJ_TEMPERATURE = 0.7
-#: Decoding settings every ``generate_hf`` call pins. transformers fills each setting a GenerationConfig leaves unset
-#: from the model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``), so
-#: without these the protocol would change from model to model. Sampling is plain temperature sampling.
-PINNED_GENERATION = {
-    "num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-}
 
 
 @dataclass(frozen=True)
@@ -189,7 +184,7 @@ def summarize(rows: Sequence[dict], *, maj_k: int = 0) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------- generation
+# ----------------------------------------------------------------------------------------------------- prompts
 
 
 def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "") -> list[str]:
@@ -197,76 +192,6 @@ def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, pre
     from grpo_kit.data import build_messages, render_prompt
 
     return [render_prompt(build_messages(q, few_shot=few_shot), tokenizer, prefill) for q in questions]
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    """End-of-turn ids: the generation config's eos id(s) plus the tokenizer's eos id."""
-    ids: list[int] = []
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (config_eos, tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and token not in ids:
-                ids.append(int(token))
-    return ids
-
-
-def generate_hf(
-    model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
-    num_samples: int = 1, temperature: float | None = None, progress: bool = True, desc: str = "generating",
-    streamer=None,
-) -> list[list[tuple[str, int]]]:
-    """Batched ``generate`` with left padding: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
-
-    The kit's one transformers generate loop (evaluation, curriculum sampling and chat call it). Greedy when
-    ``temperature`` is None, else plain temperature sampling; the model's own generation defaults are not used
-    (``PINNED_GENERATION``). ``n_tokens`` counts generated tokens up to and including the first stop token (padding
-    excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``. The model is
-    in eval mode while it generates (dropout off) and back in its own mode afterwards. ``streamer`` (e.g. a
-    transformers ``TextStreamer``) prints as tokens come: one prompt, one sample.
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import GenerationConfig
-
-    stops = stop_token_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
-                              max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
-                              pad_token_id=pad_id)
-    device = next(model.parameters()).device
-    results: list[list[tuple[str, int]]] = []
-    was_training, old_side = getattr(model, "training", False), tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    try:
-        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
-            batch = list(prompts[start : start + batch_size])
-            inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
-            with torch.no_grad():
-                out = model.generate(**inputs, generation_config=config, streamer=streamer)
-            new = out[:, inputs["input_ids"].shape[1] :]
-            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            lengths = [_generated_length(row.tolist(), stops) for row in new]
-            for i in range(len(batch)):
-                span = slice(i * num_samples, (i + 1) * num_samples)
-                results.append(list(zip(texts[span], lengths[span], strict=True)))
-    finally:
-        tokenizer.padding_side = old_side
-        if was_training:
-            model.train()
-    return results
-
-
-def _generated_length(ids: list[int], stops: Sequence[int]) -> int:
-    """Tokens up to and including the first stop token.
-
-    >>> _generated_length([5, 6, 2, 2, 2], [2]), _generated_length([5, 6, 7], [2])
-    (3, 3)
-    """
-    for index, token in enumerate(ids):
-        if token in stops:
-            return index + 1
-    return len(ids)
 
 
 # ----------------------------------------------------------------------------------------------------- evaluate

@@ -22,8 +22,8 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
     """
     from transformers import TextStreamer
 
-    from grpo_kit.evaluate import build_prompts, generate_hf
-    from grpo_kit.machinery.vllm_generate import _use_vllm, engine_lora_request, generate_vllm
+    from grpo_kit.evaluate import build_prompts
+    from grpo_kit.machinery.generation import _use_vllm, engine_lora_request, generate_hf, generate_vllm
 
     if not question.strip():
         return ""
