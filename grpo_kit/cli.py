@@ -124,7 +124,7 @@ def _add_eval(sub) -> None:
     p.add_argument(
         "--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples"
     )
-    p.set_defaults(func=_handler("evaluate", "cli_eval"))
+    p.set_defaults(func=_handler("machinery.eval_report", "cli_eval"))
 
 
 def _add_export(sub) -> None:

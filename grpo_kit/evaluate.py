@@ -9,10 +9,12 @@ Every number comes with its protocol, because the protocol alone moves GSM8K sco
 Prompts are built exactly as for training (``data.build_messages`` + the chat template via ``data.render_prompt``,
 plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
 
-On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding. On a GPU,
-a model loaded by Unsloth with ``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead,
-with its LoRA adapter loaded into the engine (``engine_lora_request``); that path is small, not run on a GPU, and
-tested on CPU with a fake engine.
+On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding and pinned
+decoding settings (``machinery.generation.generate_hf``). On a GPU, a model loaded by Unsloth with
+``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead, with its LoRA adapter loaded
+into the engine (``machinery.generation.engine_lora_request``); that path is small, not run on a GPU, and tested
+on CPU with a fake engine. The before/after table, the chart and ``grpo-kit eval`` live in
+``machinery.eval_report``.
 
 >>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
 ...                n=4, seed=0, protocol="toy")
@@ -22,28 +24,20 @@ tested on CPU with a fake engine.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.generation import _use_vllm, engine_lora_request, generate_hf, generate_vllm
 
 #: Sampling temperature for maj@k (greedy pass@1 uses no temperature).
 MAJ_TEMPERATURE = 0.7
-#: Decoding settings every ``generate_hf`` call pins. transformers fills each setting a GenerationConfig leaves unset
-#: from the model's own ``generation_config`` (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``), so
-#: without these the protocol would change from model to model. Sampling is plain temperature sampling.
-PINNED_GENERATION = {
-    "num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
-}
 
 
 @dataclass(frozen=True)
@@ -190,7 +184,7 @@ def summarize(rows: Sequence[dict], *, maj_k: int = 0) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------------------- generation
+# ----------------------------------------------------------------------------------------------------- prompts
 
 
 def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "") -> list[str]:
@@ -198,132 +192,6 @@ def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, pre
     from grpo_kit.data import build_messages, render_prompt
 
     return [render_prompt(build_messages(q, few_shot=few_shot), tokenizer, prefill) for q in questions]
-
-
-def stop_token_ids(model, tokenizer) -> list[int]:
-    """End-of-turn ids: the generation config's eos id(s) plus the tokenizer's eos id."""
-    ids: list[int] = []
-    config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for value in (config_eos, tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and token not in ids:
-                ids.append(int(token))
-    return ids
-
-
-def generate_hf(
-    model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
-    num_samples: int = 1, temperature: float | None = None, progress: bool = True, desc: str = "generating",
-    streamer=None,
-) -> list[list[tuple[str, int]]]:
-    """Batched ``generate`` with left padding: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
-
-    The kit's one transformers generate loop (evaluation, curriculum sampling and chat call it). Greedy when
-    ``temperature`` is None, else plain temperature sampling; the model's own generation defaults are not used
-    (``PINNED_GENERATION``). ``n_tokens`` counts generated tokens up to and including the first stop token (padding
-    excluded). Input ids per batch: ``(batch, longest_prompt)``; output ``(batch * num_samples, +new)``. The model is
-    in eval mode while it generates (dropout off) and back in its own mode afterwards. ``streamer`` (e.g. a
-    transformers ``TextStreamer``) prints as tokens come: one prompt, one sample.
-    """
-    import torch
-    from tqdm.auto import tqdm
-    from transformers import GenerationConfig
-
-    stops = stop_token_ids(model, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
-    config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
-                              max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
-                              pad_token_id=pad_id)
-    device = next(model.parameters()).device
-    results: list[list[tuple[str, int]]] = []
-    was_training, old_side = getattr(model, "training", False), tokenizer.padding_side
-    model.eval()
-    tokenizer.padding_side = "left"
-    try:
-        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
-            batch = list(prompts[start : start + batch_size])
-            inputs = tokenizer(batch, return_tensors="pt", padding=True).to(device)
-            with torch.no_grad():
-                out = model.generate(**inputs, generation_config=config, streamer=streamer)
-            new = out[:, inputs["input_ids"].shape[1] :]
-            texts = tokenizer.batch_decode(new, skip_special_tokens=True)
-            lengths = [_generated_length(row.tolist(), stops) for row in new]
-            for i in range(len(batch)):
-                span = slice(i * num_samples, (i + 1) * num_samples)
-                results.append(list(zip(texts[span], lengths[span], strict=True)))
-    finally:
-        tokenizer.padding_side = old_side
-        if was_training:
-            model.train()
-    return results
-
-
-def _generated_length(ids: list[int], stops: Sequence[int]) -> int:
-    """Tokens up to and including the first stop token.
-
-    >>> _generated_length([5, 6, 2, 2, 2], [2]), _generated_length([5, 6, 7], [2])
-    (3, 3)
-    """
-    for index, token in enumerate(ids):
-        if token in stops:
-            return index + 1
-    return len(ids)
-
-
-def generate_vllm(model, prompts, *, max_new_tokens: int, num_samples: int = 1, temperature: float | None = None,
-                  seed: int = 0, lora_request=None) -> list[list[tuple[str, int]]]:
-    """Sample through Unsloth's ``model.fast_generate`` (not run on a GPU; tested on CPU with a fake engine).
-
-    Same return shape as ``generate_hf``. ``lora_request`` is what Unsloth's ``model.load_lora`` returns
-    (``engine_lora_request``); None generates with the engine's base weights.
-    """
-    from vllm import SamplingParams  # lazy: GPU only
-
-    params = SamplingParams(
-        n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed
-    )
-    outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=lora_request, use_tqdm=False)
-    return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
-
-
-@contextlib.contextmanager
-def engine_lora_request(model, lora_request=None):
-    """The ``lora_request`` that makes Unsloth's vLLM engine generate with ``model``'s active LoRA adapter.
-
-    The engine Unsloth starts with ``fast_inference=True`` holds only the base weights (it shares them with the
-    trainer), so a ``fast_generate`` call without a request scores the base model. The request comes from Unsloth's
-    ``model.load_lora(folder, load_tensors=True)``, which reads the adapter's live tensors (as Unsloth's GRPO trainer
-    does) and writes only ``adapter_config.json`` into ``folder``, a temporary folder kept until generation ends.
-    A request the caller passes is used as is; a model with no active adapter (no LoRA, or inside PEFT's
-    ``disable_adapter()``) gets None: the base model, as asked.
-    """
-    if lora_request is not None or not _lora_active(model):
-        yield lora_request
-        return
-    load_lora = getattr(model, "load_lora", None)
-    if load_lora is None:
-        raise GrpoKitError(
-            "This model generates with a vLLM engine that cannot load its LoRA adapter (no load_lora), so it would "
-            "score the base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or evaluate through "
-            "grpo_kit.models.load_inference_model (transformers generate)."
-        )
-    with tempfile.TemporaryDirectory(prefix="grpo-kit-lora-") as folder:
-        yield load_lora(folder, load_tensors=True)
-
-
-def _lora_active(model) -> bool:
-    """True when a PEFT LoRA layer of ``model`` is switched on (False for a plain model or under disable_adapter)."""
-    from peft.tuners.tuners_utils import BaseTunerLayer
-
-    modules = model.modules() if hasattr(model, "modules") else ()
-    return any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in modules)
-
-
-def _use_vllm(model) -> bool:
-    """True for an Unsloth model loaded with ``fast_inference=True`` (it carries a vLLM engine) on a GPU."""
-    import torch
-
-    return torch.cuda.is_available() and hasattr(model, "fast_generate") and getattr(model, "vllm_engine", None) is not None
 
 
 # ----------------------------------------------------------------------------------------------------- evaluate
@@ -407,128 +275,3 @@ def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset
         base = evaluate(model, tokenizer, dataset, label="base", **kwargs)
     tuned = evaluate(model, tokenizer, dataset, label="tuned", **kwargs)
     return base, tuned
-
-
-# ----------------------------------------------------------------------------------------------------- reporting
-
-_COMPARE_ROWS = (
-    ("accuracy (strict)", "accuracy_strict", True),
-    ("accuracy (lenient)", "accuracy_lenient", True),
-    ("format rate", "format_rate", True),
-    ("mean length (tokens)", "mean_completion_tokens", False),
-)
-
-
-def compare(base_result: EvalResult, tuned_result: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
-    """Side-by-side table of two results (percent for rates), with the protocol underneath.
-
-    >>> a = EvalResult(0.0, 0.1, 0.0, 50.0, n=10, seed=0, protocol="p")
-    >>> b = EvalResult(0.2, 0.3, 0.9, 40.0, n=10, seed=0, protocol="p")
-    >>> print(compare(a, b).splitlines()[1])
-    accuracy (strict)          0.0 %      20.0 %    +20.0
-    """
-    lines = [f"{'metric':<22}{names[0]:>10}{names[1]:>12}{'change':>9}"]
-    for title, key, percent in _COMPARE_ROWS:
-        left, right = getattr(base_result, key), getattr(tuned_result, key)
-        if percent:
-            lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
-        else:
-            lines.append(f"{title:<22}{left:>10.1f}{right:>12.1f}{right - left:>+9.1f}")
-    if base_result.maj_k and tuned_result.maj_k:
-        for kind in ("strict", "lenient"):
-            left = getattr(base_result, f"maj_accuracy_{kind}")
-            right = getattr(tuned_result, f"maj_accuracy_{kind}")
-            title = f"maj@{tuned_result.maj_k} ({kind})"
-            lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
-    lines.append(f"n = {base_result.n} / {tuned_result.n}")
-    if base_result.protocol == tuned_result.protocol:
-        lines.append(f"protocol: {base_result.protocol}")
-    else:
-        lines += [f"protocol ({names[0]}): {base_result.protocol}", f"protocol ({names[1]}): {tuned_result.protocol}"]
-    return "\n".join(lines)
-
-
-def plot_before_after(results: Mapping[str, EvalResult], path: str | os.PathLike) -> Path:
-    """Grouped bar chart (strict/lenient accuracy, format rate, in %) of named results, saved as an image."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    metrics = [("strict acc.", "accuracy_strict"), ("lenient acc.", "accuracy_lenient"), ("format rate", "format_rate")]
-    width = 0.8 / max(len(results), 1)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for i, (name, result) in enumerate(results.items()):
-        xs = [m + i * width for m in range(len(metrics))]
-        bars = ax.bar(xs, [100 * getattr(result, key) for _, key in metrics], width, label=name)
-        ax.bar_label(bars, fmt="%.0f", fontsize=8)
-    ax.set_xticks([m + width * (len(results) - 1) / 2 for m in range(len(metrics))], [t for t, _ in metrics])
-    ax.set_ylabel("%")
-    ax.set_ylim(0, 105)
-    first = next(iter(results.values()), None)
-    ax.set_title(f"held-out evaluation (n={first.n if first else 0})")
-    ax.legend()
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ----------------------------------------------------------------------------------------------------- CLI
-
-
-def load_eval_data(data: str, *, limit: int | None = None, seed: int = 0):
-    """The eval split of ``data``: ``gsm8k`` (Hub test split), ``sample`` (bundled held-out test split) or a file."""
-    from grpo_kit.data import load_gsm8k
-
-    return load_gsm8k(data, split="test", limit=limit, seed=seed)
-
-
-def run_prompt_settings(adapter_dir: str | os.PathLike | None) -> dict[str, Any]:
-    """``few_shot``/``prefill`` the adapter was trained with (from ``<run>/run.json``), else zero-shot, no prefill."""
-    settings: dict[str, Any] = {"few_shot": 0, "prefill": ""}
-    if adapter_dir is None:
-        return settings
-    from grpo_kit.recipes import recorded_settings
-
-    recorded = recorded_settings(Path(adapter_dir).parent)
-    return {key: recorded.get(key, default) for key, default in settings.items()}
-
-
-def cli_eval(args) -> int:
-    """``grpo-kit eval``: print metrics (and a before/after table with --compare); save JSON with --out."""
-    from grpo_kit.machinery.runtime import set_torch_threads
-    from grpo_kit.models import load_inference_model
-
-    set_torch_threads()
-    if args.compare and not args.adapter:
-        raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
-    dataset = load_eval_data(args.data, limit=args.limit, seed=args.seed)
-    if getattr(args, "harness", None):  # lm-evaluation-harness's protocol instead of the kit's
-        from grpo_kit.machinery.harness import cli_harness
-
-        return cli_harness(args, dataset)
-    settings = run_prompt_settings(args.adapter)
-    options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, maj_k=args.maj, seed=args.seed, **settings)
-    print(f"evaluating {args.model}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
-          f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
-    started = time.time()
-    if args.compare:
-        base, tuned = evaluate_before_after(args.model, args.adapter, dataset, **options)
-        print(compare(base, tuned))
-        results = {"base": base, "tuned": tuned}
-    else:
-        model, tokenizer = load_inference_model(args.model, args.adapter)
-        result = evaluate(model, tokenizer, dataset, label="tuned" if args.adapter else "base", **options)
-        print(result.summary())
-        print(f"protocol: {result.protocol}")
-        results = {"result": result}
-    print(f"wall time {time.time() - started:.0f} s")
-    if args.out:
-        out = Path(args.out)
-        for name, result in results.items():
-            target = out if name in {"result", "tuned"} else out.with_name(f"{out.stem}-{name}{out.suffix or '.json'}")
-            print(f"wrote {result.save(target)} (+ {rows_path(target).name})")
-    return 0

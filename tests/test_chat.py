@@ -8,8 +8,9 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.evaluate import build_prompts, generate_hf
+from grpo_kit.evaluate import build_prompts
 from grpo_kit.machinery import chat
+from grpo_kit.machinery.generation import generate_hf
 
 
 @pytest.fixture

@@ -273,10 +273,10 @@ def test_hf_sampler_gives_m_samples_per_prompt_and_is_seeded(tiny_model_dir):
 
 @pytest.mark.slow
 def test_hf_sampler_draws_through_the_shared_generate_loop(tiny_model_dir):
-    """Same seed, same draws as ``evaluate.generate_hf``, whatever decoding defaults the model ships with."""
+    """Same seed, same draws as ``machinery.generation.generate_hf``, whatever decoding defaults the model ships with."""
     import torch
 
-    from grpo_kit.evaluate import generate_hf
+    from grpo_kit.machinery.generation import generate_hf
     from grpo_kit.models import load_inference_model
 
     model, tokenizer = load_inference_model(str(tiny_model_dir))

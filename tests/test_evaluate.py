@@ -10,7 +10,9 @@ import grpo_kit.evaluate as evaluate_module
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote
+from grpo_kit.evaluate import EvalResult, evaluate, evaluate_before_after, majority_vote
+from grpo_kit.machinery import generation
+from grpo_kit.machinery.eval_report import compare, plot_before_after
 from grpo_kit.machinery.reward_specs import score_completions
 
 _score_row = evaluate_module._score_row
@@ -66,8 +68,8 @@ def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each
     from types import SimpleNamespace
 
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
-    assert evaluate_module.stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
-    assert evaluate_module.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
+    assert generation.stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert generation.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
 
 
 @pytest.fixture
@@ -87,9 +89,9 @@ def test_generate_hf_ignores_the_models_own_decoding_defaults(tiny, with_model_d
     """transformers fills unset decoding settings from model.generation_config; the protocol must not move with it."""
     model, tokenizer = tiny
     prompts = evaluate_module.build_prompts(["What is 2 + 3?", "Name a fruit."], tokenizer)
-    plain = evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
+    plain = generation.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
     with_model_defaults()
-    assert evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
+    assert generation.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
 
 
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
@@ -162,7 +164,7 @@ def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make
     assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
     assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
     assert [r["completion"] for r in base.rows] != [r["completion"] for r in tuned.rows]
-    path = evaluate_module.plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
+    path = plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
     assert path.stat().st_size > 1000
 
 

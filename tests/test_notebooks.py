@@ -735,7 +735,7 @@ def test_the_visible_grpo_config_matches_what_train_builds(tmp_path):
 
 
 def test_save_run_record_lets_chat_and_the_resume_check_read_the_run(tmp_path, smoke_session):
-    from grpo_kit.evaluate import run_prompt_settings
+    from grpo_kit.machinery.eval_report import run_prompt_settings
 
     preset = smoke_session.preset
     nbk.save_run_record(tmp_path, preset, data="sample", reward_names=["tag_progress", "shows_calculation"])

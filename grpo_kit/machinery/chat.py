@@ -22,7 +22,8 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
     """
     from transformers import TextStreamer
 
-    from grpo_kit.evaluate import _use_vllm, build_prompts, engine_lora_request, generate_hf, generate_vllm
+    from grpo_kit.evaluate import build_prompts
+    from grpo_kit.machinery.generation import _use_vllm, engine_lora_request, generate_hf, generate_vllm
 
     if not question.strip():
         return ""
@@ -46,7 +47,7 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
 def load_chat_model(model: str | None, adapter: str | os.PathLike | None):
     """``(model, tokenizer, settings)``: base (``model``, else the adapter's recorded base, else embedded) + adapter,
     and the ``few_shot``/``prefill`` the adapter was trained with."""
-    from grpo_kit.evaluate import run_prompt_settings
+    from grpo_kit.machinery.eval_report import run_prompt_settings
     from grpo_kit.machinery.export_info import read_run_info, resolve_base_model
     from grpo_kit.models import load_inference_model
 

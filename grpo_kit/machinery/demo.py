@@ -105,7 +105,7 @@ def run_demo(
     print_fn(f"reward plot: {outcome['plot']}\n")
 
     if evaluate_model:
-        from grpo_kit.evaluate import compare
+        from grpo_kit.machinery.eval_report import compare
 
         print_fn("[3/4] after: the same held-out questions with the trained adapter")
         tuned_model, tokenizer = load_inference_model(EMBEDDED_ID, adapter=result.adapter_dir)

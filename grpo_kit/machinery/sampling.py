@@ -2,7 +2,7 @@
 
 A *sampler* is any ``fn(prompts, samples) -> list[list[str]]`` (one list of ``samples`` completion texts per prompt),
 so the scoring can be tested with a fake one. ``hf_sampler`` is the real one: the kit's generate loop
-(``evaluate.generate_hf``) sampling at the training temperature, on whatever device the model sits on (a CPU is
+(``machinery.generation.generate_hf``) sampling at the training temperature, on whatever device the model sits on (a CPU is
 fine for the embedded model and short completions). Heavy imports (torch) stay inside functions.
 """
 
@@ -79,7 +79,7 @@ def hf_sampler(
     model, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, batch_size: int = 4, seed: int = 0,
     progress: bool = True,
 ) -> Sampler:
-    """A sampler backed by ``evaluate.generate_hf``: ``batch_size`` prompts per call, ``samples`` sequences each,
+    """A sampler backed by ``machinery.generation.generate_hf``: ``batch_size`` prompts per call, ``samples`` sequences each,
     drawn at ``temperature`` (the model's own generation defaults play no part). Seeded once per sampler call, so a
     rerun with the same seed draws the same answers.
     """
@@ -87,7 +87,7 @@ def hf_sampler(
     def sample(prompts: Sequence, samples: int) -> list[list[str]]:
         import torch
 
-        from grpo_kit.evaluate import generate_hf
+        from grpo_kit.machinery.generation import generate_hf
 
         torch.manual_seed(seed)
         texts = [render_prompt_text(p, tokenizer) for p in prompts]
