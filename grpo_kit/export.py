@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import export_checks, export_info, hub, unsloth_gguf
+from grpo_kit.machinery import export_checks, export_info, gguf_export, hub, unsloth_gguf
 from grpo_kit.machinery.export_checks import ExportResult
 
 FORMATS = ("lora", "merged16", "gguf")
@@ -81,27 +81,6 @@ def default_name(adapter_dir: Path) -> str:
     if checkpoint_step(adapter_dir) is not None:
         return safe_name(f"{adapter_dir.parent.name}-{adapter_dir.name}")
     return safe_name(adapter_dir.name)
-
-
-def parse_gguf_types(spec: str) -> list[str]:
-    """``"f16,q4_k_m"`` -> validated type names: the CPU writer's (``f32``, ``f16``, ``q8_0``) or the Unsloth route's.
-
-    Which writer makes them is decided later (``gguf_route``): the k-quants need a GPU with Unsloth.
-
-    >>> parse_gguf_types("F16, q4_k_m")
-    ['f16', 'q4_k_m']
-    """
-    from grpo_kit.machinery.gguf_export import GGUF_TYPES
-    from grpo_kit.machinery.unsloth_gguf import UNSLOTH_GGUF_TYPES
-
-    types = [t.strip().lower() for t in spec.split(",") if t.strip()]
-    unknown = [t for t in types if t not in GGUF_TYPES and t not in UNSLOTH_GGUF_TYPES]
-    if unknown:
-        raise GrpoKitError(
-            f"GGUF type(s) {unknown} not offered. The CPU writer makes {', '.join(GGUF_TYPES)} (llama models with the "
-            f"SmolLM2 tokenizer); on a GPU with Unsloth installed: {', '.join(UNSLOTH_GGUF_TYPES)}."
-        )
-    return types
 
 
 def _base_dtype_name(base_path: str) -> str:
@@ -153,27 +132,6 @@ def _write_gguf(merged, tokenizer, folder: Path, gguf_type: str, name: str) -> P
     return write_gguf(merged, tokenizer, folder / f"{name}-{gguf_type}.gguf", gguf_type, name=name)
 
 
-def _write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
-    lines = [f"FROM ./{gguf_files[-1].name}"]
-    for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
-        if stop in tokenizer.get_vocab():
-            lines.append(f'PARAMETER stop "{stop}"')
-    (folder / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")
-
-
-def check_writable(out_dir: Path) -> None:
-    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as error:
-        raise GrpoKitError(
-            f"Cannot write exports into {out_dir}: {error.strerror or error}. Choose another --out-dir, a folder you "
-            "can write to."
-        ) from None
-
-
 def check_target(target: Path, overwrite: bool) -> None:
     """Refuse an existing export unless ``overwrite`` (checked before any work, and again just before the rename)."""
     if target.exists() and not overwrite:
@@ -202,7 +160,7 @@ def export(
     model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
-    from grpo_kit.machinery.folders import remove_stale_staging, staged_dir, staging_prefix
+    from grpo_kit.machinery.folders import check_writable, remove_stale_staging, staged_dir, staging_prefix
     from grpo_kit.machinery.guards import check_adapter, dumps_finite
     from grpo_kit.machinery.model_card import render_model_card
     from grpo_kit.models import load_tokenizer, resolve_model_id
@@ -214,7 +172,7 @@ def export(
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
-    gguf_types = parse_gguf_types(gguf_type) if "gguf" in wanted else []
+    gguf_types = unsloth_gguf.parse_gguf_types(gguf_type) if "gguf" in wanted else []
     name = safe_name(name) if name else default_name(adapter_dir)
     out_dir = Path(out_dir)
     target = out_dir / name
@@ -225,7 +183,7 @@ def export(
     if "merged16" in wanted or "gguf" in wanted:  # a LoRA alone is checked on the base it was trained on
         base_model, base_note = export_info.sixteen_bit_base(base_model)
     base_path = resolve_model_id(base_model)
-    check_writable(out_dir)  # before the minutes of loading and merging
+    check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
 
     say = print_fn or (lambda line: None)
     route = unsloth_gguf.gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
@@ -257,7 +215,7 @@ def export(
                     files.append(path)
                     results.append(export_checks.verify_gguf(path, reference, kind, merge_dtype))
                 if files:
-                    _write_modelfile(staging / "gguf", files, tokenizer)
+                    gguf_export.write_modelfile(staging / "gguf", files, tokenizer)
                 if "merged16" in wanted:
                     dtype_name = merged16_dtype(_base_dtype_name(base_path))
                     _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.export import export, parse_gguf_types
+from grpo_kit.export import export
 from grpo_kit.machinery import unsloth_gguf
-from grpo_kit.machinery.unsloth_gguf import move_gguf_files
+from grpo_kit.machinery.unsloth_gguf import move_gguf_files, parse_gguf_types
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -27,6 +27,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from grpo_kit.errors import GrpoKitError
+
 
 @contextlib.contextmanager
 def staged_dir(
@@ -102,6 +104,19 @@ def set_aside(folder: str | os.PathLike) -> Path | None:
         suffix += 1
     os.rename(folder, target)
     return target
+
+
+def check_writable(out_dir: Path, *, what: str, option: str) -> None:
+    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as error:
+        raise GrpoKitError(
+            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, a folder you "
+            "can write to."
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------- checkpoints

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,12 @@ def write_gguf(model, tokenizer, path: str | os.PathLike, gguf_type: str = "q8_0
     finally:
         writer.close()
     return path
+
+
+def write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
+    """An Ollama ``Modelfile`` next to the GGUF files: ``FROM`` the last one, plus the chat template's stop tokens."""
+    lines = [f"FROM ./{gguf_files[-1].name}"]
+    for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>"):
+        if stop in tokenizer.get_vocab():
+            lines.append(f'PARAMETER stop "{stop}"')
+    (folder / "Modelfile").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -144,6 +144,26 @@ def remove_writer_folders(result: dict, out_dir: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def parse_gguf_types(spec: str) -> list[str]:
+    """``"f16,q4_k_m"`` -> validated type names: the CPU writer's (``f32``, ``f16``, ``q8_0``) or the Unsloth route's.
+
+    Which writer makes them is decided later (``gguf_route``): the k-quants need a GPU with Unsloth.
+
+    >>> parse_gguf_types("F16, q4_k_m")
+    ['f16', 'q4_k_m']
+    """
+    from grpo_kit.machinery.gguf_export import GGUF_TYPES
+
+    types = [t.strip().lower() for t in spec.split(",") if t.strip()]
+    unknown = [t for t in types if t not in GGUF_TYPES and t not in UNSLOTH_GGUF_TYPES]
+    if unknown:
+        raise GrpoKitError(
+            f"GGUF type(s) {unknown} not offered. The CPU writer makes {', '.join(GGUF_TYPES)} (llama models with the "
+            f"SmolLM2 tokenizer); on a GPU with Unsloth installed: {', '.join(UNSLOTH_GGUF_TYPES)}."
+        )
+    return types
+
+
 def gguf_route(base_path: str, tokenizer, gguf_types: Sequence[str]) -> str:
     """``"cpu"`` when the gguf-py writer handles the model and every type, ``"unsloth"`` on a GPU with Unsloth
     installed, else the CPU writer's ``GrpoKitError`` (it names the way out)."""
