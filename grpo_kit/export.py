@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import export_checks, export_info, gguf_export, hub, unsloth_gguf
+from grpo_kit.machinery import export_checks, export_info, export_weights, gguf_export, hub, unsloth_gguf
 from grpo_kit.machinery.export_checks import ExportResult
 
 FORMATS = ("lora", "merged16", "gguf")
@@ -179,14 +179,22 @@ def export(
     check_target(target, overwrite)
     evals = export_info.normalize_evals(eval_results)
     run = export_info.read_run_info(adapter_dir)
-    base_model, base_note = export_info.resolve_base_model(adapter_dir, base_model, run), ""
-    if "merged16" in wanted or "gguf" in wanted:  # a LoRA alone is checked on the base it was trained on
-        base_model, base_note = export_info.sixteen_bit_base(base_model)
+    trained_on = export_info.resolve_base_model(adapter_dir, base_model, run)
+    merging = "merged16" in wanted or "gguf" in wanted  # a LoRA alone is checked on the base it was trained on
+    base_model, base_note = export_info.sixteen_bit_base(trained_on) if merging else (trained_on, "")
     base_path = resolve_model_id(base_model)
     check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
 
     say = print_fn or (lambda line: None)
-    route = unsloth_gguf.gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
+    # A 16-bit base larger than the GPU (7-8B on a T4/L4): Unsloth's savers merge shard by shard from a 4-bit load,
+    # and the files are checked weight by weight, since base+adapter cannot be loaded for the logit check.
+    base_dir = export_weights.base_too_big_for_gpu(base_path) if merging else None
+    if base_dir is not None:
+        route, reference_base = "unsloth", resolve_model_id(trained_on)
+        say(f"{base_model} does not fit in GPU memory in 16 bit: merging with Unsloth, checking weight by weight.")
+    else:
+        reference_base = base_path
+        route = unsloth_gguf.gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     # Unsloth's writer runs first, while this process holds no model on the GPU, in its own scratch folder (it
@@ -195,15 +203,18 @@ def export(
     results: list[ExportResult] = []
     try:
         unsloth_files = {}
-        if scratch is not None:
-            for kind in gguf_types:
-                unsloth_files[kind] = unsloth_gguf.gguf_with_unsloth(adapter_dir, base_path, scratch, kind, say)
-        model, tokenizer, reference = export_checks.load_reference(base_path, adapter_dir)
+        kinds = (["merged16"] if base_dir is not None and "merged16" in wanted else []) + gguf_types
+        for kind in kinds if scratch is not None else []:
+            unsloth_files[kind] = unsloth_gguf.gguf_with_unsloth(adapter_dir, reference_base, scratch, kind, say,
+                                                                 load_in_4bit=base_dir is not None)
+        model, tokenizer, reference = export_checks.load_reference(reference_base, adapter_dir)
         with staged_dir(target, prefix=staging_prefix(name)) as staging:
             if "lora" in wanted:
                 _write_lora(adapter_dir, tokenizer, staging / "lora")
-                results.append(export_checks.verify_lora(staging / "lora", base_path, reference))
-            if "gguf" in wanted or "merged16" in wanted:
+                results.append(export_checks.verify_lora(staging / "lora", reference_base, reference))
+            if base_dir is not None:
+                results += export_weights.place_and_check(unsloth_files, staging, name, base_dir, adapter_dir, tokenizer)
+            elif merging:
                 merged = model.merge_and_unload()  # PEFT folds the LoRA into the float32 base, in place
                 files = []
                 for kind in gguf_types:

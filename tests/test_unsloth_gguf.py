@@ -18,7 +18,7 @@ import pytest
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.export import export
-from grpo_kit.machinery import unsloth_gguf
+from grpo_kit.machinery import export_weights, unsloth_gguf
 from grpo_kit.machinery.unsloth_gguf import move_gguf_files, parse_gguf_types
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +56,17 @@ class _Merged:
         return {"save_directory": str(save), "gguf_directory": str(gguf_dir), "gguf_files": files}
 
 
+def _save_merged(self, save_directory, tokenizer, save_method="merged_16bit"):
+    import torch
+
+    _log({"save_directory": str(save_directory), "save_method": save_method})
+    self.model.to(torch.bfloat16).save_pretrained(save_directory)
+    tokenizer.save_pretrained(save_directory)
+
+
+_Merged.save_pretrained_merged = _save_merged
+
+
 class FastLanguageModel:
     @staticmethod
     def from_pretrained(model_name, load_in_4bit=True, dtype=None):
@@ -64,7 +75,9 @@ class FastLanguageModel:
 
         base = json.loads((Path(model_name) / "adapter_config.json").read_text())["base_model_name_or_path"]
         _log({"model_name": model_name, "load_in_4bit": load_in_4bit, "dtype": str(dtype), "base": base})
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), model_name).merge_and_unload()
+        model = AutoModelForCausalLM.from_pretrained(base)
+        if not os.environ.get("FAKE_UNSLOTH_NO_LORA"):  # the old "merged model ignores the LoRA" bug
+            model = PeftModel.from_pretrained(model, model_name).merge_and_unload()
         return _Merged(model), AutoTokenizer.from_pretrained(model_name)
 '''
 
@@ -148,3 +161,36 @@ def test_several_files_keep_their_names(tmp_path):
         shard.write_bytes(b"GGUF")
     moved = move_gguf_files(shards, tmp_path / "gguf", "name-q8_0")
     assert [p.name for p in moved] == [s.name for s in shards] and all(p.is_file() for p in moved)
+
+
+@pytest.fixture
+def small_gpu(monkeypatch):
+    """Pretend the 16-bit base does not fit in GPU memory (a 7-8B model on a T4/L4)."""
+    monkeypatch.setattr(export_weights, "base_too_big_for_gpu", export_weights.local_base)
+
+
+def test_a_base_too_big_for_the_gpu_is_merged_by_unsloth_and_checked_weight_by_weight(
+        adapter, tiny_model_dir, tmp_path, fake_unsloth, small_gpu):
+    out = tmp_path / "exports"
+    results = export(adapter, ("lora", "merged16", "gguf"), base_model=str(tiny_model_dir), out_dir=out, name="t4",
+                     gguf_type="q8_0,f16")
+
+    assert [r.format for r in results] == ["lora", "merged16", "gguf", "gguf"]
+    assert all("weights, not logits" in r.detail and r.mean_abs_diff < r.mean_abs_diff_base for r in results[1:])
+    target = out / "t4"
+    assert (target / "merged16" / "model.safetensors").is_file() and (target / "merged16" / "tokenizer.json").is_file()
+    assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "t4-f16.gguf", "t4-q8_0.gguf"]
+    assert sorted(p.name for p in out.iterdir()) == ["t4"]  # no scratch folder left
+    calls = fake_unsloth()
+    assert [c.get("save_method") or c.get("quantization_method") for c in calls if "base" not in c] == [
+        "merged_16bit", "q8_0", "f16"]
+    assert all(c["load_in_4bit"] for c in calls if "base" in c)
+
+
+def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_model_dir, tmp_path, fake_unsloth,
+                                                                 small_gpu, monkeypatch):
+    monkeypatch.setenv("FAKE_UNSLOTH_NO_LORA", "1")
+    out = tmp_path / "exports"
+    with pytest.raises(GrpoKitError, match="merged16.*(LoRA is missing|limit)"):
+        export(adapter, ("merged16",), base_model=str(tiny_model_dir), out_dir=out, name="t4")
+    assert list(out.iterdir()) == []

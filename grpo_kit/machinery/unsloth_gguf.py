@@ -34,6 +34,10 @@ from grpo_kit.errors import GrpoKitError
 #: in ``grpo_kit.machinery.export_checks.TOLERANCES`` (transformers' GGUF reader dequantizes all of them through gguf-py).
 UNSLOTH_GGUF_TYPES = ("f16", "q8_0", "q4_k_m", "q5_k_m")
 RESULT_PREFIX = "grpo-kit-result: "
+#: The child's ``--type`` for a merged 16-bit checkpoint (``save_pretrained_merged``) instead of a GGUF file.
+MERGED16 = "merged16"
+MERGED_HELP = ("Its output is above. Free disk space (the merge needs the 16-bit base plus the merged copy) and run "
+               "the export again, or keep the adapter (--format lora).")
 NO_FILES_HELP = (
     "Unsloth converts and quantizes with llama.cpp, which it builds on first use (needs git, cmake, a C++ compiler "
     "and internet access); when that build or the conversion fails, no .gguf is written. Read the llama.cpp output "
@@ -57,10 +61,10 @@ def check_unsloth_gguf_type(gguf_type: str) -> str:
     return name
 
 
-def child_command(adapter_dir: Path, out_dir: Path, gguf_type: str) -> list[str]:
+def child_command(adapter_dir: Path, out_dir: Path, gguf_type: str, load_in_4bit: bool = False) -> list[str]:
     """The command line of the child process (this interpreter, this module)."""
     return [sys.executable, "-m", "grpo_kit.machinery.unsloth_gguf", "--adapter", str(adapter_dir), "--out", str(out_dir),
-            "--type", gguf_type]
+            "--type", gguf_type] + (["--load-in-4bit"] if load_in_4bit else [])
 
 
 def parse_result(lines: Sequence[str]) -> dict | None:
@@ -75,15 +79,18 @@ def parse_result(lines: Sequence[str]) -> dict | None:
     return None
 
 
-def write_with_unsloth(adapter_dir: Path, out_dir: Path, gguf_type: str, *, echo: Callable[[str], None] | None = None):
+def write_with_unsloth(adapter_dir: Path, out_dir: Path, gguf_type: str, *, echo: Callable[[str], None] | None = None,
+                       load_in_4bit: bool = False):
     """Run the child; returns ``(gguf_paths, result)``. ``out_dir`` is Unsloth's ``save_directory`` (must not exist).
+
+    ``gguf_type="merged16"`` runs ``save_pretrained_merged`` instead and returns ``([merged folder], result)``.
 
     The child's output is passed to ``echo`` line by line (Unsloth's progress: a conversion takes minutes), and its
     last 40 lines go into the error message when it fails. ``GrpoKitError`` when the child fails or returns no file.
     """
     echo = echo or (lambda line: print(line, flush=True))
     tail: collections.deque[str] = collections.deque(maxlen=40)
-    command = child_command(adapter_dir, out_dir, gguf_type)
+    command = child_command(adapter_dir, out_dir, gguf_type, load_in_4bit)
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as child:
         assert child.stdout is not None
         try:
@@ -102,6 +109,11 @@ def write_with_unsloth(adapter_dir: Path, out_dir: Path, gguf_type: str, *, echo
             f"Unsloth's GGUF writer failed (exit code {child.returncode}) for type {gguf_type}. Its last output:\n"
             f"{output}\n{NO_FILES_HELP}"
         )
+    if gguf_type == MERGED16:
+        folder = Path(result.get("save_directory") or out_dir)
+        if not list(folder.glob("*.safetensors")):
+            raise GrpoKitError(f"Unsloth's save_pretrained_merged wrote no .safetensors into {folder}. {MERGED_HELP}")
+        return [folder], result
     files = [Path(p) for p in result.get("gguf_files") or [] if str(p).endswith(".gguf")]
     missing = [str(p) for p in files if not p.is_file()]
     if not files or missing:
@@ -202,14 +214,17 @@ def adapter_on_base(adapter_dir: Path, base_path: str, folder: Path) -> Path:
     return folder
 
 
-def gguf_with_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_type: str, say) -> tuple[list[Path], str]:
+def gguf_with_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_type: str, say,
+                      load_in_4bit: bool = False) -> tuple[list[Path], str]:
     """Run Unsloth's writer in a child process under ``scratch``: ``(gguf files, dtype it merged in)``.
 
     The files stay in ``scratch`` (outside the staging folder) until ``move_gguf_files`` puts them in place.
+    ``gguf_type="merged16"``: the merged 16-bit folder instead (``load_in_4bit``: the T4/L4 route, see
+    ``grpo_kit.machinery.export_weights``).
     """
     adapter = adapter_on_base(adapter_dir, base_path, scratch / f"adapter-{gguf_type}")
     out = scratch / f"merged-{gguf_type}-{scratch.name}"  # unique name: the writer may relocate it (Kaggle)
-    files, result = write_with_unsloth(adapter, out, gguf_type, echo=say)
+    files, result = write_with_unsloth(adapter, out, gguf_type, echo=say, load_in_4bit=load_in_4bit)
     keep = scratch / f"gguf-{gguf_type}"
     keep.mkdir()
     moved = [Path(shutil.move(str(path), keep / path.name)) for path in files]
@@ -225,9 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo_kit.machinery.unsloth_gguf", description=main.__doc__)
     parser.add_argument("--adapter", required=True, help="LoRA adapter folder (its adapter_config names the base)")
     parser.add_argument("--out", required=True, help="Unsloth's save_directory; the .gguf lands in <out>_gguf")
-    parser.add_argument("--type", required=True, help=f"one of {', '.join(UNSLOTH_GGUF_TYPES)}")
+    parser.add_argument("--type", required=True, help=f"one of {', '.join(UNSLOTH_GGUF_TYPES)}, or {MERGED16}")
+    parser.add_argument("--load-in-4bit", action="store_true",
+                        help="load the base in 4 bit; Unsloth still merges into its 16-bit original, shard by shard")
     args = parser.parse_args(argv)
-    gguf_type = check_unsloth_gguf_type(args.type)
+    gguf_type = args.type if args.type == MERGED16 else check_unsloth_gguf_type(args.type)
 
     import torch
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
@@ -235,11 +252,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from grpo_kit.machinery.runtime import half_dtype_name
 
-    # The adapter's config names the 16-bit base the parent verifies against (adapter_on_base); Unsloth
-    # loads it unquantized in the GPU's 16-bit dtype and merges the LoRA in that dtype.
+    # The adapter's config names the base (adapter_on_base). Without --load-in-4bit Unsloth loads it unquantized in
+    # the GPU's 16-bit dtype; with it (a base too large for the GPU in 16 bit) it loads 4-bit weights, and both savers
+    # merge into the 16-bit original's shards one at a time, not into the 4-bit weights (unsloth_generic_save).
     dtype = getattr(torch, half_dtype_name())
-    model, tokenizer = FastLanguageModel.from_pretrained(model_name=args.adapter, load_in_4bit=False, dtype=dtype)
-    result = model.save_pretrained_gguf(args.out, tokenizer, quantization_method=gguf_type) or {}
+    model, tokenizer = FastLanguageModel.from_pretrained(model_name=args.adapter, load_in_4bit=args.load_in_4bit,
+                                                         dtype=dtype)
+    if gguf_type == MERGED16:  # unsloth_generic_save -> unsloth_zoo's merge_and_overwrite_lora: 16-bit shards + LoRA
+        model.save_pretrained_merged(args.out, tokenizer, save_method="merged_16bit")
+        result = {"save_directory": args.out}
+    else:
+        result = model.save_pretrained_gguf(args.out, tokenizer, quantization_method=gguf_type) or {}
     report = {
         "gguf_files": [os.fspath(p) for p in result.get("gguf_files") or []],
         "save_directory": result.get("save_directory"),

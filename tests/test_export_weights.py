@@ -1,0 +1,79 @@
+"""The weight-by-weight export checks (the T4/L4 route, where the 16-bit base does not fit for the logit check)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.export_weights import check_gguf_weights, check_merged_weights, lora_deltas
+
+
+def _merge(base_dir, adapter_dir, out, *, with_lora=True, dtype=torch.bfloat16):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base_dir)
+    if with_lora:
+        model = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+    model.to(dtype).save_pretrained(out)
+    return model
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, tiny_model_dir, make_adapter):
+    return make_adapter(tiny_model_dir, tmp_path_factory.mktemp("run") / "adapter", std=0.2)
+
+
+def test_lora_deltas_name_the_base_tensors(tiny_model_dir, adapter):
+    deltas = lora_deltas(adapter)
+    base = load_file(str(next(tiny_model_dir.glob("*.safetensors"))))
+    assert deltas and set(deltas) <= set(base)
+    name = next(iter(deltas))
+    assert deltas[name].shape == base[name].shape
+
+
+def test_a_true_merge_passes_and_says_what_was_compared(tmp_path, tiny_model_dir, adapter):
+    _merge(tiny_model_dir, adapter, tmp_path / "merged")
+    result = check_merged_weights(tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
+    assert result.max_abs_diff <= result.tolerance
+    assert result.mean_abs_diff < result.mean_abs_diff_base
+    assert "changed by it" in result.detail and result.lora_effect > 0
+
+
+def test_a_merge_without_the_lora_fails(tmp_path, tiny_model_dir, adapter):
+    _merge(tiny_model_dir, adapter, tmp_path / "plain", with_lora=False)
+    with pytest.raises(GrpoKitError, match="LoRA is missing|limit"):
+        check_merged_weights(tmp_path / "plain", tiny_model_dir, adapter, "bfloat16")
+
+
+def test_a_damaged_or_missing_tensor_fails(tmp_path, tiny_model_dir, adapter):
+    _merge(tiny_model_dir, adapter, tmp_path / "merged")
+    path = tmp_path / "merged" / "model.safetensors"
+    tensors = load_file(str(path))
+    name = "model.layers.1.mlp.down_proj.weight"
+    tensors[name] = tensors[name] * 1.5
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    with pytest.raises(GrpoKitError) as error:
+        check_merged_weights(tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
+    assert name in str(error.value) and "model.norm.weight is missing" in str(error.value)
+
+
+@pytest.mark.parametrize("gguf_type", ["f16", "q8_0"])
+def test_gguf_of_a_true_merge_passes_and_of_the_base_fails(tmp_path, tiny_model_dir, adapter, gguf_type):
+    from transformers import AutoTokenizer
+
+    from grpo_kit.machinery.gguf_export import write_gguf
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    merged = _merge(tiny_model_dir, adapter, tmp_path / "merged", dtype=torch.float32)
+    good = write_gguf(merged, tokenizer, tmp_path / f"good-{gguf_type}.gguf", gguf_type)
+    result = check_gguf_weights(good, tiny_model_dir, adapter, gguf_type)
+    assert result.max_abs_diff <= result.tolerance and "blocks 0 and 1" in result.detail
+
+    base = _merge(tiny_model_dir, adapter, tmp_path / "base", with_lora=False, dtype=torch.float32)
+    bad = write_gguf(base, tokenizer, tmp_path / f"bad-{gguf_type}.gguf", gguf_type)
+    with pytest.raises(GrpoKitError, match="LoRA is missing|limit"):
+        check_gguf_weights(bad, tiny_model_dir, adapter, gguf_type)
