@@ -101,10 +101,10 @@ def run_order(rounds: int) -> list[str]:
     return [name for i in range(rounds) for name in (("kit", "plain") if i % 2 == 0 else ("plain", "kit"))]
 
 
-def summarize(times: dict[str, list[float]], target: float = 1.02) -> str:
+def verdict(times: dict[str, list[float]], target: float = 1.02) -> str:
     """Median and minimum per side and the verdict on the ratio of medians.
 
-    >>> print(summarize({"kit": [10.0, 10.0, 10.0], "plain": [10.0, 10.0, 99.0]}))
+    >>> print(verdict({"kit": [10.0, 10.0, 10.0], "plain": [10.0, 10.0, 99.0]}))
     kit    median 10.00  min 10.00 s/step  (3 timed steps)
     plain  median 10.00  min 10.00 s/step  (3 timed steps)
     ratio of medians kit/plain = 1.000 (target <= 1.02): met
@@ -138,7 +138,7 @@ def main() -> None:
             run_times = runner(preset, workdir)
             times[name].extend(run_times)
             print(f"{name:>5}: {', '.join(f'{t:.2f}' for t in run_times)} s/step")
-    print("\n" + summarize(times))
+    print("\n" + verdict(times))
 
 
 if __name__ == "__main__":

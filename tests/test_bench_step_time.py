@@ -20,13 +20,13 @@ def bench():
 
 def test_one_slow_step_does_not_move_the_verdict(bench):
     steady = {"kit": [10.0, 10.1, 9.9, 10.0, 10.2, 10.0], "plain": [10.0, 10.0, 10.1, 9.9, 10.0, 10.1]}
-    assert "1.000 (target <= 1.02): met" in bench.summarize(steady)
+    assert "1.000 (target <= 1.02): met" in bench.verdict(steady)
     steady["kit"][2] = 60.0  # one step hit by a background job: a mean would say 1.83
-    assert "= 1.005 (target <= 1.02): met" in bench.summarize(steady)
+    assert "= 1.005 (target <= 1.02): met" in bench.verdict(steady)
 
 
 def test_a_slower_kit_fails_the_target(bench):
-    report = bench.summarize({"kit": [11.0] * 6, "plain": [10.0] * 6})
+    report = bench.verdict({"kit": [11.0] * 6, "plain": [10.0] * 6})
     assert "ratio of medians kit/plain = 1.100" in report and "NOT met" in report
 
 

@@ -80,3 +80,8 @@ def test_readme_and_design_name_every_module():
     for name in machinery:
         assert f"`{name}`" in readme, f"README does not name grpo_kit/machinery/{name}.py"
         assert f"`{name}`" in design, f"docs/DESIGN.md does not name grpo_kit/machinery/{name}.py"
+
+
+def test_the_core_a_learner_reads_stays_under_2500_lines():
+    sizes = {p.name: len(p.read_text(encoding="utf-8").splitlines()) for p in PACKAGE.glob("*.py")}
+    assert sum(sizes.values()) < 2500, f"grpo_kit/*.py is {sum(sizes.values())} lines ({sizes}): move machinery aside"

@@ -365,10 +365,10 @@ class Curriculum:
 # --------------------------------------------------------------------------------------------- CLI
 
 
-def summarize(scores: Sequence[PromptScore]) -> dict:
+def score_summary(scores: Sequence[PromptScore]) -> dict:
     """Mean entropy, mean accuracy (where gold exists) and the zero-variance share of a scored set.
 
-    >>> summarize([PromptScore("a", "1", ("1", "1"), (1.0, 1.0)), PromptScore("b", "1", ("1", "2"), (1.0, 0.0))])
+    >>> score_summary([PromptScore("a", "1", ("1", "1"), (1.0, 1.0)), PromptScore("b", "1", ("1", "2"), (1.0, 0.0))])
     {'questions': 2, 'mean_entropy': 0.3466, 'mean_accuracy': 0.75, 'frac_zero_variance': 0.5}
     """
     accuracies = [s.accuracy for s in scores if s.accuracy is not None]

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.curriculum import PromptScore, default_scores_path, final_number, summarize, write_scores
+from grpo_kit.machinery.curriculum import PromptScore, default_scores_path, final_number, score_summary, write_scores
 
 #: ``fn(prompts, samples) -> list[list[str]]``: ``samples`` completions for each prompt, in prompt order.
 Sampler = Callable[[Sequence, int], list[list[str]]]
@@ -153,7 +153,7 @@ def cli_curriculum(args) -> int:
         seed=args.seed,
     )
     write_scores(out, scores)
-    summary = summarize(scores)
+    summary = score_summary(scores)
     print(json.dumps(summary))
     print(
         f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} "
