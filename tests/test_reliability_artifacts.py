@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 
-import grpo_kit.export as export_module
 from grpo_kit.cli import main
 from grpo_kit.export import export
+from grpo_kit.machinery import hub
 
 FAKE_TOKEN = "hf_GrpoKitReliabilityFAKE0123456789abcdefXYZ"
 #: Files HF Trainer writes into checkpoints that are training state, not weights (optimizer moments, LR schedule,
@@ -88,7 +88,7 @@ def shared(tiny_model_dir, tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HF_TOKEN", FAKE_TOKEN)
-        patch.setattr(export_module, "upload_folder", leaky_upload)
+        patch.setattr(hub, "upload_folder", leaky_upload)
         with capture_everything(root / "fd-output.txt") as output:
             codes = {
                 "train": main(["train", *tiny, "--output", str(run_dir)]),
