@@ -156,8 +156,8 @@ def export(
 ) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
-    ``gguf_type`` may list several types (``"f16,q8_0"``). ``eval_results`` (see ``export_info.normalize_evals``) goes into the
-    model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
+    ``gguf_type`` may list several types (``"f16,q8_0"``). ``eval_results`` (``export_info.normalize_evals``) goes
+    into the model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
     ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
     """
     from grpo_kit.machinery.folders import check_writable, remove_stale_staging, staged_dir, staging_prefix
@@ -197,8 +197,8 @@ def export(
         route = unsloth_gguf.gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    # Unsloth's writer runs first, while this process holds no model on the GPU, in its own scratch folder (it
-    # also writes a merged checkpoint and a sibling <dir>_gguf): only its .gguf files enter the staging folder.
+    # Unsloth's writers run first, while this process holds no model on the GPU, in their own scratch folder (the
+    # GGUF writer also leaves a merged checkpoint and llama.cpp files): only what the export needs is moved in.
     scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir)) if route == "unsloth" else None
     results: list[ExportResult] = []
     try:
@@ -232,8 +232,8 @@ def export(
                     _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)
                     results.append(export_checks.verify_merged16(staging / "merged16", reference, dtype_name))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-            info = export_info.export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results, target,
-                                push_to_hub)
+            info = export_info.export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results,
+                                           target, push_to_hub)
             (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
             (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
             check_target(target, overwrite)  # another export may have landed there in the meantime

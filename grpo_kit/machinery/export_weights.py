@@ -50,9 +50,19 @@ def base_too_big_for_gpu(base_path: str) -> Path | None:
 
     if not torch.cuda.is_available():
         return None
+    import importlib.util
+
     folder = local_base(base_path)  # pragma: no cover - UNTESTED ON A GPU from here
-    size = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
-    return folder if size * 1.2 > torch.cuda.mem_get_info()[0] else None
+    size, free = sum(p.stat().st_size for p in folder.glob("*.safetensors")), torch.cuda.mem_get_info()[0]
+    if size * 1.2 <= free:
+        return None
+    if importlib.util.find_spec("unsloth") is None:
+        raise GrpoKitError(
+            f"The 16-bit base {base_path} ({size / 2**30:.1f} GiB) does not fit in this GPU's free memory "
+            f"({free / 2**30:.1f} GiB), and without Unsloth it cannot be merged shard by shard. Install Unsloth "
+            "(`pip install unsloth`, as the Colab notebook does), or export --format lora."
+        )
+    return folder
 
 
 def local_base(base_path: str) -> Path:
