@@ -6,10 +6,12 @@ Runs are interleaved (kit, plain, plain, kit, kit, plain, ...) so slow drift of 
 is the ratio of the two sides' **median** step times, so one slow step (a background job, a page-cache miss) cannot
 move it; the minimum is printed beside it. Target: ratio kit / plain <= 1.02.
 
-    .venv/bin/python benchmarks/bench_step_time.py [--steps 3] [--rounds 3] [--threads 2]
+    .venv/bin/python benchmarks/bench_step_time.py [--steps 3] [--rounds 4] [--warmup-runs 1] [--threads 2]
 
 Step time is measured by a callback (wall time between on_step_begin and on_step_end), the first step of every
-run is dropped as warm-up: ``rounds * (steps - 1)`` timed steps per side (6 by default).
+run is dropped as warm-up, and one untimed run of each side comes first (``--warmup-runs``: the first run in a
+process pays one-time costs, which would land on whichever side goes first): ``rounds * (steps - 1)`` timed steps
+per side (8 by default).
 """
 
 from __future__ import annotations
@@ -119,7 +121,9 @@ def verdict(times: dict[str, list[float]], target: float = 1.02) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (first one is warm-up)")
-    parser.add_argument("--rounds", type=int, default=3, help="kit/plain run pairs, interleaved")
+    parser.add_argument("--rounds", type=int, default=4, help="kit/plain run pairs, interleaved")
+    parser.add_argument("--warmup-runs", type=int, default=1,
+                        help="untimed kit + plain runs first: the first run in a process pays one-time costs")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
 
@@ -133,6 +137,9 @@ def main() -> None:
     times: dict[str, list[float]] = {"kit": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        for name in ["kit", "plain"] * args.warmup_runs:
+            (run_kit if name == "kit" else run_plain_trl)(preset, workdir)
+            print(f"{name:>5}: warm-up run, not timed")
         for name in run_order(args.rounds):
             runner = run_kit if name == "kit" else run_plain_trl
             run_times = runner(preset, workdir)
