@@ -56,9 +56,11 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     from trl import GRPOConfig, GRPOTrainer
 
     from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.machinery.compat import ensure_logprob_kernel
     from grpo_kit.machinery.embedded import embedded_model_path
     from grpo_kit.machinery.reward_specs import parse_reward_spec
 
+    ensure_logprob_kernel()  # a plain TRL 1.15 script fails on any CPU without it (grpo_kit/machinery/compat.py)
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
