@@ -8,8 +8,8 @@ The core, one concern per module (machinery most learners never open is in ``grp
 - ``answers``  -- pull the final number out of text and compare numbers ("$1,000" == "1000.0").
 - ``data``     -- GSM8K loading (Hub, local file, bundled sample, synthetic arithmetic) and prompt formatting.
 - ``rewards``  -- reward functions in a registry chosen by name (``REWARDS``), or your own functions.
-- ``recipes``  -- ``recipes/*.yaml`` (one per VRAM tier) as ``Recipe`` objects; ``--set`` overrides; ``auto_recipe()``.
-- ``models``   -- the embedded CPU model and ``load_model(recipe)`` (Unsloth on GPU, transformers + PEFT otherwise).
+- ``recipes``  -- ``recipes/*.yaml`` (one per VRAM tier) as ``Recipe`` objects; ``--set`` overrides.
+- ``models``   -- ``load_model(recipe)`` (Unsloth on GPU, transformers + PEFT otherwise), models for evaluation.
 - ``train``    -- one linear path: recipe -> model -> prompts -> rewards -> ``GRPOConfig`` -> ``GRPOTrainer``.
 - ``evaluate`` -- held-out accuracy, before/after.
 - ``export``   -- LoRA / merged 16-bit / GGUF exports, each verified by reloading it.
