@@ -231,7 +231,9 @@ def check_gguf_weights(path: Path, base_dir: Path, adapter_dir: Path, gguf_type:
     config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
     reader = gguf.GGUFReader(str(path))
     arch_name = bytes(reader.fields["general.architecture"].parts[-1]).decode()
-    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name)
+    arch = next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)
+    if arch is None:
+        raise GrpoKitError(f"{path.name} declares architecture '{arch_name}', unknown to this gguf library.")
     last = config["num_hidden_layers"] - 1
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     stored = {t.name: t for t in reader.tensors}
@@ -248,7 +250,11 @@ def check_gguf_weights(path: Path, base_dir: Path, adapter_dir: Path, gguf_type:
         if tensor is None:
             tally.problems.append(f"{wanted[name]} ({name}) is missing")
             continue
-        got = torch.from_numpy(gguf.quants.dequantize(tensor.data, tensor.tensor_type).copy()).reshape(expected.shape)
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+        if values.size != expected.numel():
+            tally.problems.append(f"{wanted[name]} holds {values.size} values, {name} has {expected.numel()}")
+            continue
+        got = torch.from_numpy(values.copy()).reshape(expected.shape)
         if arch_name == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             heads = config["num_attention_heads" if "q_proj" in name else "num_key_value_heads"]
             expected, base = (torch.from_numpy(permute_rotary(t.float().numpy(), heads)) for t in (expected, base))
