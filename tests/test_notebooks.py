@@ -19,6 +19,7 @@ import pytest
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.machinery import notebook as nbk
+from grpo_kit.machinery.folders import set_aside
 from grpo_kit.machinery.metrics import read_metrics
 from grpo_kit.machinery.notebook import (
     NOTEBOOKS,
@@ -43,7 +44,6 @@ from grpo_kit.machinery.notebook import (
     saved_evals,
     score_examples,
     session_paths,
-    set_aside,
     side_by_side_html,
     smoke_decision,
     train_session,

@@ -24,11 +24,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.machinery.folders import set_aside
 
 #: Where the repository lives (Colab badges point here).
 GITHUB_REPO = "grpo-kit/grpo-kit"
@@ -540,20 +540,6 @@ def load_finished_run(run_dir: str | os.PathLike):
         reward_last=last,
         history=history,
     )
-
-
-def set_aside(folder: str | os.PathLike) -> Path | None:
-    """Rename ``folder`` to ``<folder>.old-<timestamp>`` (never deletes anything); returns the new path or None."""
-    folder = Path(folder)
-    if not folder.exists():
-        return None
-    target = folder.with_name(f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}")
-    suffix = 1
-    while target.exists():
-        target = folder.with_name(f"{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}")
-        suffix += 1
-    os.rename(folder, target)
-    return target
 
 
 def prepare_run(session: NotebookSession, *, restart: bool = False) -> tuple[str, Path | None]:
