@@ -207,7 +207,10 @@ def export(
         for kind in kinds if scratch is not None else []:
             unsloth_files[kind] = unsloth_gguf.gguf_with_unsloth(adapter_dir, reference_base, scratch, kind, say,
                                                                  load_in_4bit=base_dir is not None)
-        model, tokenizer, reference = export_checks.load_reference(reference_base, adapter_dir)
+        if base_dir is not None and "lora" not in wanted:  # nothing left to compare by logits: skip the model load
+            model, tokenizer, reference = None, load_tokenizer(reference_base), None
+        else:
+            model, tokenizer, reference = export_checks.load_reference(reference_base, adapter_dir)
         with staged_dir(target, prefix=staging_prefix(name)) as staging:
             if "lora" in wanted:
                 _write_lora(adapter_dir, tokenizer, staging / "lora")

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
+from typing import Any
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.machinery.export_checks import MIN_EFFECT_TO_NOISE, ExportResult
@@ -130,8 +132,28 @@ def read_tensor(files: dict[str, Path], name: str):
         return handle.get_tensor(name)
 
 
-def lora_deltas(adapter_dir: Path) -> dict[str, object]:
-    """``{base tensor name: scale * B @ A}`` (float32) for each module the adapter changes."""
+@dataclass(frozen=True)
+class LoraDelta:
+    """One module's LoRA change ``scale * B @ A``, kept as its rank-r factors until ``tensor()`` is asked for (the
+    full deltas of an 8B model would not fit in a Colab's RAM at once)."""
+
+    b: Any  # (out, r)
+    a: Any  # (r, in)
+    scale: float
+    transposed: bool = False  # fan_in_fan_out layers store (in, out)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        out, inp = self.b.shape[0], self.a.shape[1]
+        return (inp, out) if self.transposed else (out, inp)
+
+    def tensor(self):
+        delta = self.scale * (self.b.float() @ self.a.float())  # (out, r) @ (r, in) -> (out, in)
+        return delta.T if self.transposed else delta
+
+
+def lora_deltas(adapter_dir: Path) -> dict[str, LoraDelta]:
+    """``{base tensor name: LoraDelta}`` for each module the adapter changes."""
     from safetensors.torch import load_file
 
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
@@ -141,15 +163,11 @@ def lora_deltas(adapter_dir: Path) -> dict[str, object]:
     rank, alpha = config["r"], config["lora_alpha"]
     scale = alpha / rank**0.5 if config.get("use_rslora") else alpha / rank
     weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
-    deltas = {}
-    for key, a in weights.items():
-        if ".lora_A." not in key:
-            continue
-        b = weights[key.replace(".lora_A.", ".lora_B.")]
-        module = key.split(".lora_A.")[0].removeprefix("base_model.model.")
-        delta = scale * (b.float() @ a.float())  # (out, r) @ (r, in) -> (out, in)
-        deltas[f"{module}.weight"] = delta.T if config.get("fan_in_fan_out") else delta
-    return deltas
+    return {
+        f"{key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight":
+            LoraDelta(weights[key.replace(".lora_A.", ".lora_B.")], a, scale, bool(config.get("fan_in_fan_out")))
+        for key, a in weights.items() if ".lora_A." in key
+    }
 
 
 class _Tally:
@@ -203,7 +221,7 @@ def expected_tensors(base_dir: Path, adapter_dir: Path, names=None) -> Iterator[
                            "is --model the base the adapter was trained on?")
     for name in names if names is not None else files:
         base = read_tensor(files, name)
-        delta = deltas.get(name)
+        delta = deltas[name].tensor() if name in deltas else None
         yield name, base.float() + delta if delta is not None else base, base, delta
 
 
