@@ -24,7 +24,7 @@ demo: install
 
 test: install
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
-	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_SMOKE=1 $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
+	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
 
 test-fast: install
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests grpo_kit --doctest-modules -m "not slow"

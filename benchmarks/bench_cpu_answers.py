@@ -7,7 +7,7 @@ no calculation of the train split appears there, even under another name). Print
 - the correctness reward per step (share of the sampled completions that were right, and TRL's share of groups
   with equal rewards, which teach nothing), and saves that curve as a PNG whose path it prints;
 - strict accuracy before and after, each with a 95 % Wilson interval, and the change with a 95 % paired interval
-  (Newcombe) and the exact McNemar test (``grpo_kit.machinery.stats``);
+  (Newcombe) and the exact McNemar test (``grpo_kit.evaluate``);
 - the verdict against the target: +15 points or more, zero outside the interval, training <= 15 minutes.
 
     .venv/bin/python benchmarks/bench_cpu_answers.py [--steps N] [--minutes 15] [--questions 200] [--threads 2]
@@ -120,21 +120,20 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     os.environ["GRPO_KIT_THREADS"] = str(args.threads)  # read by every set_torch_threads() call
 
+    from grpo_kit.config import load_recipe, parse_set
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate_before_after
-    from grpo_kit.machinery.stats import paired_difference
-    from grpo_kit.recipes import load_recipe, parse_set
+    from grpo_kit.evaluate import evaluate_before_after, paired_difference
     from grpo_kit.train import train
 
-    preset = load_recipe("cpu-answers", **parse_set(args.set))
+    preset = load_recipe("cpu-answers", **parse_set(args.set), **({"max_steps": args.steps} if args.steps else {}))
     out = Path(args.out or Path("runs") / f"bench-cpu-answers-{time.strftime('%Y%m%d-%H%M%S')}")
     held_out = load_gsm8k("arithmetic-1step", "test", limit=args.questions, seed=0)
-    result = train(preset, data="arithmetic-1step", overrides={"max_steps": args.steps} if args.steps else None, output_dir=out,
+    result = train(preset, data="arithmetic-1step", output_dir=out,
                    callbacks=(time_budget(60 * args.minutes),))
     started = time.time()
     base, tuned = evaluate_before_after(
-        preset.model_id, result.adapter_dir, held_out, max_new_tokens=preset.max_completion_length, batch_size=16,
-        few_shot=preset.few_shot, prefill=preset.prefill, seed=preset.seed, progress=False,
+        preset.model.model_name_or_path, result.adapter_dir, held_out, max_new_tokens=preset.grpo.max_completion_length, batch_size=16,
+        few_shot=preset.kit.few_shot, prefill=preset.kit.prefill, seed=preset.grpo.seed, progress=False,
     )
     eval_seconds = time.time() - started
     change = paired_difference([r["correct_strict"] for r in base.rows], [r["correct_strict"] for r in tuned.rows])
@@ -143,11 +142,11 @@ def main(argv=None) -> int:
     for name, scored in (("before", base), ("after", tuned)):
         scored.save(out / f"eval_{name}.json")
 
-    print(f"\ncpu-answers: {result.steps} steps x {preset.prompts_per_step} questions x G={preset.num_generations}, "
-          f"lr {preset.learning_rate:g}, temperature {preset.temperature:g}, {args.threads} threads")
+    print(f"\ncpu-answers: {result.steps} steps x {preset.prompts_per_step} questions x G={preset.grpo.num_generations}, "
+          f"lr {preset.grpo.learning_rate:g}, temperature {preset.grpo.temperature:g}, {args.threads} threads")
     print("\ncorrectness reward per step (training samples):\n" + curve_table(curve))
     print(f"curve image: {png}")
-    print(f"\nheld-out strict accuracy, arithmetic-1step test, greedy, {preset.max_completion_length} tokens:")
+    print(f"\nheld-out strict accuracy, arithmetic-1step test, greedy, {preset.grpo.max_completion_length} tokens:")
     print(change.summary())
     print(f"lenient {100 * base.accuracy_lenient:.1f} % -> {100 * tuned.accuracy_lenient:.1f} %, "
           f"format {100 * base.format_rate:.1f} % -> {100 * tuned.format_rate:.1f} %")

@@ -1,4 +1,4 @@
-"""Reward after N steps for each GRPO loss variant (``grpo_kit.machinery.recipe_checks.LOSS_VARIANTS``) on the CPU demo recipe.
+"""Reward after N steps for each GRPO loss variant (``LOSS_VARIANTS`` below) on the CPU demo recipe.
 
 A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
 the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are
@@ -17,14 +17,26 @@ import tempfile
 import time
 from pathlib import Path
 
+#: GRPO loss variants, taught by name: the GRPOConfig fields each one is, and what it changes (docs/SCALING.md).
+LOSS_VARIANTS: dict[str, tuple[dict, str]] = {
+    "grpo": ({"loss_type": "grpo"}, "original GRPO: token losses averaged per completion, then over completions "
+             "(length-biased: short right answers and long wrong ones are favoured)"),
+    "dr_grpo": ({"loss_type": "dr_grpo"}, "Dr. GRPO: token losses summed and divided by a constant "
+                "(max_completion_length): no length bias (the paper also drops std scaling: scale_rewards=none)"),
+    "dapo": ({"loss_type": "dapo"}, "DAPO, TRL's default: token losses averaged over every token of the batch"),
+    "bnpo": ({"loss_type": "bnpo"}, "BNPO: token losses averaged over the tokens of each micro-batch"),
+    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+             "GSPO: one importance ratio per completion clipped at 3e-4/4e-4; differs from grpo only when batches "
+             "are reused (num_iterations > 1 or steps_per_generation > accumulation)"),
+}
+
 
 def run_variant(name: str, steps: int, workdir: Path) -> list[dict]:
-    from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
     from grpo_kit.train import train
 
     fields = LOSS_VARIANTS[name][0] if name in LOSS_VARIANTS else {"loss_type": name}  # a variant is --set keys
-    preset = load_recipe("cpu", fields, max_steps=steps, save_steps=steps)
+    preset = load_recipe("cpu", **fields, max_steps=steps, save_steps=steps)
     return train(preset, data="sample", output_dir=workdir / name).history
 
 
@@ -33,8 +45,6 @@ def mean(values: list[float]) -> float:
 
 
 def main() -> None:
-    from grpo_kit.machinery.recipe_checks import LOSS_VARIANTS
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant")
     parser.add_argument("--last", type=int, default=2, help="average the reward over the last N steps")

@@ -50,38 +50,27 @@ def run_kit(preset, workdir: Path) -> list[float]:
 
 def run_plain_trl(preset, workdir: Path) -> list[float]:
     """What a user would write by hand with TRL + PEFT for the same recipe."""
+    import copy
+
     import torch
-    from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer, get_peft_config
 
     from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.machinery.compat import ensure_logprob_kernel
-    from grpo_kit.machinery.embedded import embedded_model_path
-    from grpo_kit.machinery.reward_specs import parse_reward_spec
+    from grpo_kit.models import embedded_model_path, ensure_logprob_kernel
+    from grpo_kit.rewards import parse_reward_spec
 
-    ensure_logprob_kernel()  # a plain TRL 1.15 script fails on any CPU without it (grpo_kit/machinery/compat.py)
+    ensure_logprob_kernel()  # a plain TRL 1.15 script fails on any CPU without it (grpo_kit/models.py)
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    dataset, _ = format_for_grpo(
-        load_gsm8k("sample", split="train"),
-        tokenizer,
-        few_shot=preset.few_shot,
-        prefill=preset.prefill,
-        max_prompt_tokens=preset.max_prompt_length,
-    )
-    funcs, weights, _ = parse_reward_spec(list(preset.rewards))
-    # The recipe's grpo section is GRPOConfig's own fields: the plain script passes it as the kit does.
-    config = GRPOConfig(**{**preset.grpo, "output_dir": str(workdir / f"plain-{time.time_ns()}"), "use_cpu": True,
-                           "bf16": False, "gradient_checkpointing": False, "reward_weights": weights,
-                           "report_to": "none"})
-    lora = LoraConfig(
-        r=preset.lora_rank,
-        lora_alpha=preset.lora_alpha,
-        target_modules=list(preset.lora_targets),
-        task_type="CAUSAL_LM",
-    )
+    dataset, _ = format_for_grpo(load_gsm8k("sample", split="train"), tokenizer, few_shot=preset.kit.few_shot,
+                                 prefill=preset.kit.prefill, max_prompt_tokens=preset.kit.max_prompt_length)
+    funcs, _, _ = parse_reward_spec(preset.rewards)
+    # The recipe is TRL's own GRPOConfig and ModelConfig: the plain script uses them as they are.
+    config = copy.copy(preset.grpo)
+    config.output_dir, config.report_to = str(workdir / f"plain-{time.time_ns()}"), "none"
+    lora = get_peft_config(preset.model)
     timer = step_timer()
     trainer = GRPOTrainer(
         model=model,
@@ -132,10 +121,10 @@ def main() -> None:
 
     import torch
 
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
 
     torch.set_num_threads(args.threads)
-    preset = load_recipe("cpu").with_overrides(max_steps=args.steps, save_steps=10_000)
+    preset = load_recipe("cpu", max_steps=args.steps, save_steps=10_000)
     times: dict[str, list[float]] = {"kit": [], "plain": []}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

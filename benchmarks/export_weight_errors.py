@@ -4,7 +4,7 @@
 
 A random LoRA (B ~ N(0, std), r=4, alpha=8, all projections) on the embedded SmolLM2-135M is merged with PEFT and
 written as bf16 safetensors and as GGUF f16 / q8_0 (the CPU writer); each is checked with
-``grpo_kit.machinery.export_weights`` and its worst ``max |d| / max |w|`` is printed beside the limit.
+``grpo_kit.export.check_weights``, and its worst ``max |d|`` is printed beside that tensor's limit.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ def main() -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from grpo_kit.machinery.embedded import embedded_model_path
-    from grpo_kit.machinery.export_weights import check_gguf_weights, check_merged_weights
-    from grpo_kit.machinery.gguf_export import write_gguf
+    from grpo_kit.export import check_weights
+    from grpo_kit.gguf import write_gguf
+    from grpo_kit.models import embedded_model_path
 
     base = Path(embedded_model_path())
     work = Path(tempfile.mkdtemp(prefix="export-weights-"))
@@ -42,12 +42,12 @@ def main() -> None:
     results = []
     for gguf_type in ("f16", "q8_0"):
         path = write_gguf(merged, tokenizer, work / f"m-{gguf_type}.gguf", gguf_type)
-        results.append(check_gguf_weights(path, base, work / "adapter", gguf_type))
+        results.append(check_weights("gguf", path, base, work / "adapter", gguf_type))
     merged.to(torch.bfloat16).save_pretrained(work / "merged16")
-    results.append(check_merged_weights(work / "merged16", base, work / "adapter", "bfloat16"))
+    results.append(check_weights("merged16", work / "merged16", base, work / "adapter", "bfloat16"))
     for r in results:
-        print(f"{r.detail}\n    worst max|d|/max|w| {r.max_abs_diff:.4f} (limit {r.tolerance:.4f}); mean |d| to base+LoRA "
-              f"{r.mean_abs_diff:.2e} vs to base {r.mean_abs_diff_base:.2e}")
+        print(f"{r.detail}\n    worst max|d| {r.max_abs_diff:.4g} (that tensor's limit {r.tolerance:.4g}); mean |d| to "
+              f"base+LoRA {r.mean_abs_diff:.2e} vs to base {r.mean_abs_diff_base:.2e}")
 
 
 if __name__ == "__main__":

@@ -266,7 +266,7 @@ def build_kit_wheel(dest: Path) -> Path:
 def copy_tokenizer(dest: Path) -> list[str]:
     """The embedded model's tokenizer files (converted on first use; the weights are not copied)."""
     sys.path.insert(0, str(ROOT))
-    from grpo_kit.machinery.embedded import embedded_model_path
+    from grpo_kit.models import embedded_model_path
 
     source = embedded_model_path()
     dest.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,7 @@ OFFLINE_ENV = {
 #   scripts/models/llama3.1-8B.sh (4096/14336/32 layers/8 KV groups/128256, rope 500000 x8) and oumi
 #   configs/recipes/llama3_1/README.md; Qwen2.5-7B's linear shapes (3584 x 18944, KV 512) in public layer tables;
 #   Qwen2.5-1.5B's 1536/8960/28/12/2/151936 with tied embeddings. tests/test_gpu_proof.py counts the parameters of
-#   each built shape (meta device) against the published totals that grpo_kit.machinery.planner holds.
+#   each built shape (meta device) against the published totals that grpo_kit.planner holds.
 ARCHS: dict[str, dict] = {
     "llama-3.1-8b": {
         "model_type": "llama",
@@ -122,7 +122,7 @@ ARCHS: dict[str, dict] = {
         "tie_word_embeddings": True,
     },
 }
-#: The published parameter counts (grpo_kit.machinery.planner's table), to show next to the built shape's own count.
+#: The published parameter counts (grpo_kit.planner's table), to show next to the built shape's own count.
 PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B"}
 
 
@@ -160,24 +160,31 @@ def plan_runs(tiers=TIERS, archs=tuple(ARCHS), *, skip_plain: bool = False, expo
     return runs
 
 
-def proof_preset(run: Run, model_dir: str, steps: int, *, card_bf16: bool = True):
-    """The tier's preset for this run: the local model, vLLM off, ``steps`` steps, the run's backend.
+def proof_preset(run: Run, model_dir: str, steps: int, *, card_bf16: bool = True, plan_only: bool = True):
+    """The tier's recipe for this run: the local model, vLLM off, ``steps`` steps, the run's backend.
 
-    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_recipe`` does for such a card).
+    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_recipe`` does for such a card). ``plan_only``: the
+    backend stays auto, since building a recipe imports its backend and the dry run plans Unsloth runs on a CPU.
     """
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
 
     tier = load_recipe(run.tier)
-    precision = tier.precision if card_bf16 or tier.precision != "bf16" else "fp16"
+    bf16 = tier.grpo.bf16 and card_bf16
     return load_recipe(
         run.tier,
-        model=model_dir,
+        model_name_or_path=model_dir,
         use_vllm=False,
         max_steps=steps,
         save_steps=10_000,
-        precision=precision,
-        backend="transformers" if run.kind == "plain" else "unsloth",
+        bf16=bf16,
+        fp16=tier.grpo.fp16 or (tier.grpo.bf16 and not bf16),
+        backend="auto" if plan_only else "transformers" if run.kind == "plain" else "unsloth",
     )
+
+
+def precision(recipe) -> str:
+    """The recipe's training precision in one word (the plan's and the result rows' column)."""
+    return "bf16" if recipe.grpo.bf16 else "fp16" if recipe.grpo.fp16 else "fp32"
 
 
 def shape_params(arch: str) -> int:
@@ -207,8 +214,8 @@ def build_config(arch: str, tokenizer=None):
 
 def planner_figures(run: Run, steps: int) -> dict:
     """The planner's estimate for the run as configured (vLLM off) and for the tier as shipped (vLLM on), GiB."""
-    from grpo_kit.machinery.planner import ModelShape, estimate_vram
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
+    from grpo_kit.planner import ModelShape, estimate_vram
 
     shape = dataclasses.replace(ModelShape.from_config(ARCHS[run.arch]), name=run.arch)
     preset = proof_preset(run, run.arch, steps)
@@ -225,8 +232,8 @@ def planner_figures(run: Run, steps: int) -> dict:
 
 def describe_plan(runs: list[Run], steps: int) -> dict:
     """The plan as data: runs with batch shape, cap and planner figures; shapes with parameter counts."""
-    from grpo_kit.machinery import planner
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit import planner
+    from grpo_kit.config import load_recipe
 
     archs = sorted({r.arch for r in runs}, key=list(ARCHS).index)
     shapes = {}
@@ -243,13 +250,13 @@ def describe_plan(runs: list[Run], steps: int) -> dict:
                 "kind": run.kind,
                 "tier": run.tier,
                 "arch": run.arch,
-                "cap_gib": tier.vram_gb,
-                "precision": preset.precision,
-                "load_in_4bit": preset.load_in_4bit,
-                "batch": f"{preset.per_device_train_batch_size}x{preset.gradient_accumulation_steps}",
-                "num_generations": preset.num_generations,
-                "prompt_tokens": preset.max_prompt_length,
-                "completion_tokens": preset.max_completion_length,
+                "cap_gib": tier.kit.vram_gb,
+                "precision": precision(preset),
+                "load_in_4bit": preset.model.load_in_4bit,
+                "batch": f"{preset.grpo.per_device_train_batch_size}x{preset.grpo.gradient_accumulation_steps}",
+                "num_generations": preset.grpo.num_generations,
+                "prompt_tokens": preset.kit.max_prompt_length,
+                "completion_tokens": preset.grpo.max_completion_length,
                 "steps": 1 if run.kind == "export" else steps,
                 **planner_figures(run, steps),
             }
@@ -399,7 +406,7 @@ def tokenizer_dir() -> Path:
     """The tokenizer the built models use: ``$GRPO_KIT_TOKENIZER`` (the bundle's copy) or the embedded model's."""
     if os.environ.get(TOKENIZER_ENV):
         return Path(os.environ[TOKENIZER_ENV])
-    from grpo_kit.machinery.embedded import embedded_model_path
+    from grpo_kit.models import embedded_model_path
 
     return embedded_model_path()
 
@@ -414,7 +421,7 @@ def build_model(arch: str, folder: Path) -> dict:
         return json.loads(done.read_text())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     config = build_config(arch, tokenizer)
-    from grpo_kit.machinery.runtime import gpu_has_bf16
+    from grpo_kit.models import gpu_has_bf16
 
     dtype = torch.bfloat16 if gpu_has_bf16() else torch.float16
     need = shape_params(arch) * 2 * 1.2
@@ -444,14 +451,14 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
     def fits(words: int) -> bool:
         try:
             _, dropped = format_for_grpo(
-                dataset(words).select([0]), tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
-                max_prompt_tokens=preset.max_prompt_length,
+                dataset(words).select([0]), tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
+                max_prompt_tokens=preset.kit.max_prompt_length,
             )
         except GrpoKitError:  # raised when every prompt is too long: here, the one probe row
             return False
         return dropped == 0
 
-    low, high = 0, preset.max_prompt_length  # the most filler words that still fit
+    low, high = 0, preset.kit.max_prompt_length  # the most filler words that still fit
     while low < high:
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
@@ -493,17 +500,15 @@ def run_worker(spec: dict) -> dict:
     """Inside the subprocess: build (cached), cap, train (and export); return the result row."""
     import torch
 
-    from grpo_kit.machinery.runtime import gpu_has_bf16
+    from grpo_kit.models import gpu_has_bf16, prepare_backend
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
         return {"status": "built", **build_model(run.arch, model_dir)}
-    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16())
-    from grpo_kit.machinery.backend import prepare_backend
-
-    prepare_backend(preset)  # Unsloth runs: import it before the tokenizer/timer import transformers (import order)
-    row = {"cap_fraction": cap_memory(preset.vram_gb), "precision": preset.precision}
+    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False)
+    prepare_backend(preset.kit.backend)  # Unsloth runs: imported before the tokenizer/timer import transformers
+    row = {"cap_fraction": cap_memory(preset.kit.vram_gb), "precision": precision(preset)}
     torch.cuda.reset_peak_memory_stats()
     try:
         row.update(_train_and_measure(run, preset, spec))
@@ -526,17 +531,17 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
     steps = 1 if run.kind == "export" else spec["steps"]
     timer = make_timer()
     out = Path(spec["out"]) / "runs" / run.name
+    preset = preset.replace(
+        max_steps=steps,
+        # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
+        generation_kwargs={"min_new_tokens": preset.grpo.max_completion_length},
+        save_strategy="no",
+        report_to="none",
+    )
     result = train(
         preset,
-        dataset=full_length_dataset(preset, load_tokenizer(preset.model_id)),
+        dataset=full_length_dataset(preset, load_tokenizer(preset.model.model_name_or_path)),
         output_dir=out,
-        overrides={
-            "max_steps": steps,
-            # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
-            "generation_kwargs": {"min_new_tokens": preset.max_completion_length},
-            "save_strategy": "no",
-            "report_to": "none",
-        },
         callbacks=(timer,),
     )
     later = timer.times[1:] or timer.times  # the first step also warms up kernels and the allocator
@@ -549,7 +554,7 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
         "seconds_per_step": per_step,
         "first_step_seconds": timer.times[0] if timer.times else None,
         "mean_completion_tokens": mean_len,
-        "tokens_per_second": (preset.generation_batch_size * mean_len / per_step) if per_step and mean_len else None,
+        "tokens_per_second": (preset.grpo.generation_batch_size * mean_len / per_step) if per_step and mean_len else None,
     }
     if run.kind == "export":
         import gc
@@ -558,7 +563,7 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
 
         gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
         torch.cuda.empty_cache()
-        row["exports"] = _export(result.adapter_dir, preset.model_id, out)
+        row["exports"] = _export(result.adapter_dir, preset.model.model_name_or_path, out)
     return row
 
 

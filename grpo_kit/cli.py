@@ -27,29 +27,26 @@ def _add_presets(sub) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
-    p.set_defaults(func=_handler("machinery.presets_table", "cli_presets"))
+    p.set_defaults(func=_handler("planner", "cli_presets"))
 
 
 def _add_rewards(sub) -> None:
-    p = sub.add_parser("rewards", help="list the reward functions a recipe can name (--set rewards=...)")
-    p.set_defaults(func=_handler("machinery.reward_specs", "cli_rewards"))
+    p = sub.add_parser("rewards", help="list the reward functions a recipe can name (reward_funcs: in a recipe)")
+    p.set_defaults(func=_handler("rewards", "cli_rewards"))
 
 
 def _add_train(sub) -> None:
-    from grpo_kit.machinery.curriculum import (  # constant tables; these imports do not import torch
-        ORDERS,
-        ZERO_VARIANCE,
-    )
+    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables: no torch at import
 
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
-                       description="Every recipe value (model, prompt, rewards, any GRPOConfig field) is changed with "
-                       "--set KEY=VALUE, e.g. --set max_steps=50 --set model.id=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit "
-                       "--set rewards=correctness:2,format --set use_vllm=false.")
+                       description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
+                       "(grpo_kit.config.KitArgs). Change any of them for one run with --set KEY=VALUE, e.g. --set "
+                       "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false.")
     p.add_argument("--preset", default="auto", help="a shipped recipe (see `grpo-kit presets`), or 'auto' to detect")
     p.add_argument("--recipe", metavar="PATH", help="your own recipe YAML file (start from recipes/cpu.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change one recipe value: a GRPOConfig field (learning_rate=1e-5), model.KEY, prompt.KEY or "
-                   "rewards=NAME[:W],package.module:function[:W]; repeat for more")
+                   help="change one recipe field: any GRPOConfig or ModelConfig field (learning_rate=1e-5, lora_r=8) "
+                   "or a kit field (reward_funcs=correctness,format); repeat for more")
     p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file")
     p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
@@ -65,7 +62,7 @@ def _add_train(sub) -> None:
         choices=list(ZERO_VARIANCE),
         help="questions whose sampled rewards were all equal (default: keep)",
     )
-    p.set_defaults(func=_handler("machinery.train_cli", "cli_train"))
+    p.set_defaults(func=_handler("train", "cli_train"))
 
 
 def _add_curriculum(sub) -> None:
@@ -84,11 +81,11 @@ def _add_curriculum(sub) -> None:
     p.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
     p.add_argument("--seed", type=int, default=0, help="sampling and shuffle seed")
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
-    p.set_defaults(func=_handler("machinery.sampling", "cli_curriculum"))
+    p.set_defaults(func=_handler("curriculum", "cli_curriculum"))
 
 
 def _add_demo(sub) -> None:
-    from grpo_kit.machinery.demo import TASKS  # a light module: no torch/transformers at import time
+    from grpo_kit.demo import TASKS  # a light module: no torch/transformers at import time
 
     p = sub.add_parser("demo", help="train GRPO on CPU with the embedded model and show that it learns")
     p.add_argument(
@@ -100,7 +97,7 @@ def _add_demo(sub) -> None:
     p.add_argument("--output", help="run folder (default: runs/demo)")
     p.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
     p.add_argument("--no-export", action="store_true", help="skip exporting the adapter")
-    p.set_defaults(func=_handler("machinery.demo", "cli_demo"))
+    p.set_defaults(func=_handler("demo", "cli_demo"))
 
 
 def _add_eval(sub) -> None:
@@ -124,7 +121,7 @@ def _add_eval(sub) -> None:
     p.add_argument(
         "--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples"
     )
-    p.set_defaults(func=_handler("machinery.eval_report", "cli_eval"))
+    p.set_defaults(func=_handler("evaluate", "cli_eval"))
 
 
 def _add_export(sub) -> None:
@@ -148,7 +145,7 @@ def _add_chat(sub) -> None:
     p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
-    p.set_defaults(func=_handler("machinery.chat", "cli_chat"))
+    p.set_defaults(func=_handler("evaluate", "cli_chat"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -182,26 +179,20 @@ def main(argv: list[str] | None = None) -> int:
     return int(result or 0)
 
 
-#: Flags that changed recipe values before ``--set`` was the one way: the ``--set`` form to suggest instead.
-_AS_SET = {"model": "model.id", "no_vllm": "use_vllm=false", "rewards": "rewards", "vllm_server": "vllm_mode=server "
-           "--set use_vllm=true --set vllm_server_base_url"}
-
-
 def set_hint(extra: list[str]) -> str:
-    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (one override route; see recipes.py).
+    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (the one command-line override route).
 
-    >>> set_hint(["--max-steps", "3", "--no-vllm"])
-    '. Recipe values change with --set: --set max_steps=3 --set use_vllm=false'
+    >>> set_hint(["--max-steps", "3", "--learning_rate=1e-5"])
+    '. Recipe fields change with --set: --set max_steps=3 --set learning_rate=1e-5'
     """
     hints = []
     for i, token in enumerate(extra):
-        if not token.startswith("--"):
-            continue
-        key = token[2:].split("=")[0].replace("-", "_")
-        value = token.split("=", 1)[1] if "=" in token else (extra[i + 1] if i + 1 < len(extra) and not extra[i + 1].startswith("--") else "")
-        spelled = _AS_SET.get(key, key)
-        hints.append(f"--set {spelled}" if "=" in spelled and not value else f"--set {spelled}={value or 'VALUE'}")
-    return f". Recipe values change with --set: {' '.join(hints)}" if hints else ""
+        if token.startswith("--"):
+            key, _, value = token[2:].partition("=")
+            if not value and i + 1 < len(extra) and not extra[i + 1].startswith("--"):
+                value = extra[i + 1]
+            hints.append(f"--set {key.replace('-', '_')}={value or 'VALUE'}")
+    return f". Recipe fields change with --set: {' '.join(hints)}" if hints else ""
 
 
 if __name__ == "__main__":

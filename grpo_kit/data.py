@@ -1,56 +1,31 @@
-"""GSM8K loading (Hub, local file, bundled sample, synthetic arithmetic) and prompt formatting for TRL's GRPOTrainer.
+"""GSM8K rows for TRL's GRPOTrainer: loaded from the Hub, the bundled sample, synthetic arithmetic or a local file,
+checked row by row, and turned into think/answer prompts.
 
-Every loader returns a ``datasets.Dataset`` with three columns (the data contract in docs/DESIGN.md):
-
-- ``question``: the word problem;
-- ``answer``: the gold as a canonical number string from ``answers.normalize_number`` (``"1080"``, ``"-5"``, ``"0.5"``);
-- ``solution``: the original answer text, ending in its ``#### N`` line.
+``load_gsm8k`` returns a ``datasets.Dataset`` with columns ``question``, ``answer`` (the gold as a canonical number
+string from ``answers.normalize_number``: ``"1080"``, ``"-5"``, ``"0.5"``) and ``solution`` (the original answer
+text, ending in its ``#### N`` line). A bad row never turns into silently wrong data: it raises ``GrpoKitError``
+naming the file and line/row or, with ``lenient=True``, is skipped, counted and announced with ``warnings.warn``.
 
 >>> ds = load_gsm8k("sample", "test")
 >>> ds.column_names, ds[0]["answer"]
 (['question', 'answer', 'solution'], '8')
->>> [m["role"] for m in build_messages("What is 2 + 2?", few_shot=1)]
-['system', 'user', 'assistant', 'user']
-
-Bad input never turns into silently wrong data: a bad row raises ``GrpoKitError`` naming the file and line/row, or,
-with ``lenient=True``, is skipped, counted and reported (``warnings.warn`` and ``LoadReport``). Readers, gold parsing
-and checks live in ``grpo_kit.machinery.data_sources``, the synthetic set in ``grpo_kit.machinery.arithmetic``.
-Model-output parsing lives in ``grpo_kit.answers``; ``extract_tagged_answer`` and ``extract_last_number`` are
-re-exported here for convenience.
 """
 
 from __future__ import annotations
 
+import csv
+import io
+import json
+import random
+import re
 import warnings
-from collections.abc import Iterator
+from decimal import Decimal
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from grpo_kit.answers import extract_last_number, extract_tagged_answer
+from grpo_kit.answers import MAX_DIGITS, normalize_number
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.arithmetic import ARITHMETIC_SIZES, ARITHMETIC_SOURCES, arithmetic_records
-from grpo_kit.machinery.data_sources import (
-    HUB_DATASET,
-    SAMPLE_FILES,
-    file_records,
-    hub_records,
-    jsonl_records,
-    summary,
-    to_dataset,
-    validate,
-)
-
-__all__ = [
-    "FEW_SHOT_EXAMPLES",
-    "SYSTEM_PROMPT",
-    "build_messages",
-    "extract_last_number",
-    "extract_tagged_answer",
-    "format_for_grpo",
-    "load_gsm8k",
-    "render_prompt",
-]
 
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step.\n"
@@ -58,125 +33,435 @@ SYSTEM_PROMPT = (
     "or words, inside <answer> </answer> tags. Use exactly this format:\n"
     "<think>\n...\n</think>\n<answer>NUMBER</answer>"
 )
-
-#: Worked examples for few-shot prompts: (question, assistant reply in the exact think/answer format).
-#: Written by the grpo-kit authors; none of them is in GSM8K or in the bundled sample.
+#: Worked examples for few-shot prompts: (question, reply in the exact think/answer format). Written by the grpo-kit
+#: authors; none of them is in GSM8K or in the bundled sample.
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
-    (
-        "A box has 3 red pens and 5 blue pens. How many pens are in 4 such boxes?",
-        "<think>\nOne box has 3 + 5 = 8 pens.\nFour boxes have 4 * 8 = 32 pens.\n</think>\n<answer>32</answer>",
-    ),
-    (
-        "The temperature was 5 degrees in the evening and fell by 9 degrees overnight. What is the temperature now?",
-        "<think>\nIt fell from 5 by 9 degrees: 5 - 9 = -4.\n</think>\n<answer>-4</answer>",
-    ),
-    (
-        "A ribbon 9 meters long is cut into 6 equal pieces. How long is each piece, in meters?",
-        "<think>\nEach piece is 9 / 6 = 1.5 meters long.\n</think>\n<answer>1.5</answer>",
-    ),
-    (
-        "A shop sells 250 mugs a week and each mug costs $6. How much money does the shop take in over 8 weeks?",
-        "<think>\nIn 8 weeks it sells 250 * 8 = 2000 mugs.\nThey bring in 2000 * 6 = 12000 dollars.\n</think>\n"
-        "<answer>12000</answer>",
-    ),
+    ("A box has 3 red pens and 5 blue pens. How many pens are in 4 such boxes?",
+     "<think>\nOne box has 3 + 5 = 8 pens.\nFour boxes have 4 * 8 = 32 pens.\n</think>\n<answer>32</answer>"),
+    ("The temperature was 5 degrees in the evening and fell by 9 degrees overnight. What is the temperature now?",
+     "<think>\nIt fell from 5 by 9 degrees: 5 - 9 = -4.\n</think>\n<answer>-4</answer>"),
+    ("A ribbon 9 meters long is cut into 6 equal pieces. How long is each piece, in meters?",
+     "<think>\nEach piece is 9 / 6 = 1.5 meters long.\n</think>\n<answer>1.5</answer>"),
+    ("A shop sells 250 mugs a week and each mug costs $6. How much money does the shop take in over 8 weeks?",
+     "<think>\nIn 8 weeks it sells 250 * 8 = 2000 mugs.\nThey bring in 2000 * 6 = 12000 dollars.\n</think>\n"
+     "<answer>12000</answer>"),
 )
 
+HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
+#: Bundled sample files, written by the grpo-kit authors (not GSM8K; see grpo_kit/resources/README.md).
+SAMPLE_FILES = {"train": "gsm8k_sample_train.jsonl", "test": "gsm8k_sample_test.jsonl"}
+LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
+MAX_REASONS = 5  # skip notes a warning shows
+#: Synthetic arithmetic (NOT GSM8K): split sizes, source names -> ``steps`` (the difficulty), and the test size of
+#: the one-kind sets (enough held-out questions for a 95 % interval of about +-8 points).
+ARITHMETIC_SIZES = {"train": 256, "test": 64}
+ARITHMETIC_SOURCES = {"arithmetic": None, "arithmetic-1step": 1, "arithmetic-2step": 2}
+ARITHMETIC_KIND_TEST_SIZE = 200
+# Exactly one number: optional sign and/or dollar sign, thousands commas, decimals ("-$1,200.50", "$-5", ".5"); a/b.
+_PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)\s*|\s*-?\d+\s*/\s*\d+\s*")
 
-# ---------------------------------------------------------------------------------------------------------- loading
 
-
-def load_gsm8k(
-    source: str = "gsm8k",
-    split: str = "train",
-    *,
-    lenient: bool = False,
-    limit: int | None = None,
-    seed: int = 0,
-):
+def load_gsm8k(source: str = "gsm8k", split: str = "train", *, lenient: bool = False, limit: int | None = None,
+               seed: int = 0):
     """GSM8K-format rows as a ``datasets.Dataset`` with columns ``question``, ``answer``, ``solution``.
 
-    ``source``: ``"gsm8k"`` (Hub ``openai/gsm8k``, config ``main``), ``"sample"`` (bundled, written by the kit's
-    authors; ``split="test"`` is the held-out set), ``"arithmetic"`` (synthetic, NOT GSM8K; see
-    ``machinery.arithmetic.make_arithmetic_dataset``), or a local ``.jsonl`` / ``.json`` / ``.parquet`` file with
-    ``question`` and ``answer`` fields (``split`` is ignored for files). ``limit`` keeps the first N rows after a
-    shuffle seeded by ``seed`` (no shuffle without ``limit``). Skipped rows (``lenient=True``) and dropped duplicate
-    questions are announced with ``warnings.warn`` (counts and the first notes).
-
-    >>> len(load_gsm8k("sample", "train", limit=5))
-    5
+    ``source``: ``"gsm8k"`` (Hub ``openai/gsm8k``, config ``main``), ``"sample"`` (bundled; ``split="test"`` is the
+    held-out set), ``"arithmetic"``/``"arithmetic-1step"``/``"arithmetic-2step"`` (synthetic, NOT GSM8K), or a
+    local ``.jsonl``/``.json``/``.parquet``/``.csv`` file with ``question`` and ``answer`` fields (``split`` ignored).
+    ``limit`` keeps the first N rows after a shuffle seeded by ``seed``. Exact duplicate questions are dropped.
     """
     if limit is not None and limit < 1:
         raise GrpoKitError(f"limit must be a positive number of rows, got {limit}. Leave it out to keep every row.")
     label, records = _records(source, split)
-    rows, report = validate(records, label, lenient=lenient)
-    if not rows:
-        detail = f" First problems: {'; '.join(report.reasons)}." if report.reasons else ""
-        raise GrpoKitError(f"{label} has no usable rows.{detail} Fix the file or point --data at another source.")
-    if report.skipped or report.duplicates:
-        warnings.warn(summary(report), stacklevel=2)
-    dataset = to_dataset(rows, label)
+    dataset = _to_dataset(_checked_rows(records, label, lenient), label)
     if limit is not None:
-        dataset = dataset.shuffle(seed=seed).select(range(min(limit, len(dataset))))
-        dataset = dataset.flatten_indices()
+        dataset = dataset.shuffle(seed=seed).select(range(min(limit, len(dataset)))).flatten_indices()
     return dataset
 
 
-def _records(source: str, split: str) -> tuple[str, Iterator[tuple[str, Any]]]:
-    """(label, iterator of (where, record-or-exception)) for a source name or a local path."""
+def _records(source: str, split: str):
+    """(label, iterator of (where, record or exception)) for a source name or a local path."""
+    if source in ("gsm8k", "sample", *ARITHMETIC_SOURCES) and split not in ("train", "test"):
+        name = {"gsm8k": "GSM8K", "sample": "The bundled sample"}.get(source, f"The {source} set")
+        raise GrpoKitError(f"{name} has splits 'train' and 'test', not {split!r}.")
     if source == "gsm8k":
-        if split not in ("train", "test"):
-            raise GrpoKitError(f"GSM8K has splits 'train' and 'test', not {split!r}.")
-        return f"GSM8K ({HUB_DATASET}, split {split!r})", hub_records(split)
+        return f"GSM8K ({HUB_DATASET}, split {split!r})", _hub_records(split)
     if source == "sample":
-        if split not in SAMPLE_FILES:
-            raise GrpoKitError(f"The bundled sample has splits 'train' and 'test', not {split!r}.")
         name = SAMPLE_FILES[split]
-        text = resources.files("grpo_kit").joinpath("resources", name).read_bytes()
-        return f"bundled sample {name}", jsonl_records(text, name)
+        return f"bundled sample {name}", _jsonl_records(resources.files("grpo_kit").joinpath("resources", name).read_bytes())
     if source in ARITHMETIC_SOURCES:
-        if split not in ARITHMETIC_SIZES:
-            raise GrpoKitError(f"The {source} set has splits 'train' and 'test', not {split!r}.")
-        steps = ARITHMETIC_SOURCES[source]
-        return f"synthetic {source} (not GSM8K, split {split!r})", arithmetic_records(split, steps)
-    return file_records(Path(source))
+        return f"synthetic {source} (not GSM8K, split {split!r})", _arithmetic_records(split, ARITHMETIC_SOURCES[source])
+    return _file_records(Path(source))
+
+
+def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
+    """The good rows, exact duplicate questions dropped; a bad row raises, or with ``lenient`` is skipped and counted."""
+    rows, first_seen, notes, read, skipped = [], {}, [], 0, 0  # first_seen: question -> (where, answer)
+    for where, record in records:
+        read += 1
+        try:
+            row = _check_record(record)
+        except ValueError as err:
+            if not lenient:
+                raise GrpoKitError(f"{label}, {where}: {err}. Fix that row. (Training can skip bad rows instead, counted "
+                                   "and reported: grpo-kit train --lenient, or lenient=True in Python.)") from None
+            skipped += 1
+            notes.append(f"{where}: {err}")
+        else:
+            if row["question"] not in first_seen:
+                first_seen[row["question"]] = (where, row["answer"])
+                rows.append(row)
+                continue
+            where_first, answer_first = first_seen[row["question"]]
+            clash = "" if answer_first == row["answer"] else f" with a DIFFERENT answer ({row['answer']} vs {answer_first})"
+            notes.append(f"{where}: duplicate of the question at {where_first}{clash}, dropped")
+    if not rows:
+        detail = f" First problems: {'; '.join(notes[:MAX_REASONS])}." if notes else ""
+        raise GrpoKitError(f"{label} has no usable rows.{detail} Fix the file or point --data at another source.")
+    duplicates = read - skipped - len(rows)
+    if skipped or duplicates:
+        dropped = [f"skipped {skipped} bad row(s)"] if skipped else []
+        dropped += [f"dropped {duplicates} duplicate question(s)"] if duplicates else []
+        warnings.warn(f"{label}: kept {len(rows)} of {read} rows; {', '.join(dropped)}. First notes: "
+                      f"{'; '.join(notes[:MAX_REASONS])}", stacklevel=3)
+    return rows
+
+
+def _check_record(record: Any) -> dict:
+    if isinstance(record, Exception):
+        raise ValueError(str(record))
+    if not isinstance(record, dict):
+        raise ValueError(f"expected an object with 'question' and 'answer', got {type(record).__name__}")
+    missing = [key for key in ("question", "answer") if key not in record]
+    if missing:
+        raise ValueError(f"missing field(s) {missing} (found {sorted(record)[:8]})")
+    if not isinstance(record["question"], str) or not record["question"].strip():
+        raise ValueError("the question is empty or not text")
+    answer, solution = _gold_from_field(record["answer"])
+    return {"question": record["question"].strip(), "answer": answer, "solution": solution}
+
+
+def _to_dataset(rows: list[dict], label: str):
+    from datasets import Dataset, DatasetInfo, Features, Value
+
+    features = Features({"question": Value("string"), "answer": Value("string"), "solution": Value("string")})
+    columns = {name: [row[name] for row in rows] for name in features}
+    return Dataset.from_dict(columns, features=features, info=DatasetInfo(description=label, features=features))
+
+
+# ---------------------------------------------------------------------------------------------------------- gold
+
+
+def extract_gsm8k_answer(text: str) -> str:
+    """Canonical gold number from a GSM8K answer text (after the last ``####``); ``ValueError`` when there is no
+    ``####`` or what follows is not one plain number (commas, a leading ``$``, ``3/4`` are fine; ``72 clips`` is not).
+
+    >>> [extract_gsm8k_answer(t) for t in ["... #### 1,080", "#### -5", "x\\n#### 0.5", "#### $18.00"]]
+    ['1080', '-5', '0.5', '18']
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"expected the answer as text, got {type(text).__name__}")
+    if "####" not in text:
+        raise ValueError("the answer has no '#### N' line with the final number")
+    tail = text.rsplit("####", 1)[1].strip()
+    if not tail:
+        raise ValueError("nothing follows '####' (expected the final number, e.g. '#### 72')")
+    return _plain_number(tail, "the text after '####'")
+
+
+def _plain_number(text: str, what: str, otherwise: str = "") -> str:
+    """Canonical form of a text that is exactly one number (``"$1,200"``, ``"-$5"``, ``"0.5"``, ``"3/4"``)."""
+    if not _PLAIN_NUMBER.fullmatch(text):
+        raise ValueError(otherwise or f"{what} is not a number: {text.strip()[:60]!r}")
+    canonical = normalize_number(text.replace("$", "", 1))
+    if canonical is None:
+        raise ValueError(f"{what} is a number too large to use ({len(re.sub(r'[^0-9]', '', text))} digits; answers are "
+                         f"compared on at most {MAX_DIGITS}): {text.strip()[:60]!r}")
+    return canonical
+
+
+def _gold_from_field(value: Any) -> tuple[str, str]:
+    """(canonical answer, solution text) from an ``answer`` field: a GSM8K text with ``#### N`` or a plain number."""
+    if value is None:
+        raise ValueError("the answer is missing (null)")
+    if isinstance(value, bool):
+        raise ValueError(f"the answer is a boolean ({value}), not a number")
+    if isinstance(value, (int, float)):  # JSON/Parquet numbers, exactly (1e20 is "100000000000000000000")
+        exact = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+        if not exact.is_finite():
+            raise ValueError(f"the answer {value!r} is not a finite number")
+        canonical = _plain_number(format(exact, "f"), "the answer")
+        return canonical, f"#### {canonical}"
+    if not isinstance(value, str):
+        raise ValueError(f"the answer must be text or a number, got {type(value).__name__}")
+    if "####" in value:
+        return extract_gsm8k_answer(value), value
+    if not value.strip():
+        raise ValueError("the answer is empty")
+    neither = f"the answer is neither a number nor a GSM8K text ending in '#### N': {value.strip()[:60]!r}"
+    canonical = _plain_number(value, "the answer", neither)
+    return canonical, f"#### {canonical}"
+
+
+# ---------------------------------------------------------------------------------------------------------- sources
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True when a TCP connection to the Hub's endpoint opens within ``timeout`` seconds (without it, an unplugged
+    machine spends ~30 s in the Hub client's retries before ``--data gsm8k`` fails)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _hub_records(split: str):
+    import datasets
+    from datasets.exceptions import DatasetsError
+    from huggingface_hub import constants
+
+    unreachable = not datasets.config.HF_HUB_OFFLINE and not hub_reachable()
+    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE  # both libraries read these at call time
+    try:
+        if unreachable:  # caches only: a cached copy still loads at once
+            datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
+        hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
+    except (OSError, DatasetsError) as err:
+        why = "the Hub is unreachable from this machine and no cached copy was found" if unreachable else (
+            f"{type(err).__name__}: {str(err)[:200]}")
+        raise GrpoKitError(
+            f"Could not load {HUB_DATASET} (config {HUB_CONFIG!r}, split {split!r}) from the Hugging Face Hub or its "
+            f"cache: {why}\nCheck your network connection (and that HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set), "
+            f"or work without the Hub:\n  - the bundled sample:  --data sample   (load_gsm8k('sample', {split!r}))\n"
+            "  - a local file:        --data path/to/train.jsonl   (.jsonl, .json, .parquet or .csv with 'question' "
+            "and 'answer' fields, the answer ending in '#### N')") from err
+    finally:
+        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
+    return ((f"row {index}", row) for index, row in enumerate(hub, start=1))
+
+
+def _file_records(path: Path):
+    accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
+    if path.is_dir():
+        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
+        raise GrpoKitError(f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' "
+                           "fields" + (f", e.g. {path / found[0]} (this folder has {', '.join(found)})." if found
+                                       else "; this folder holds none."))
+    if not path.is_file():
+        raise GrpoKitError(f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic', "
+                           f"'arithmetic-1step', 'arithmetic-2step' (synthetic) or a path to a {accepted} file with "
+                           "'question' and 'answer' fields.")
+    if suffix not in LOCAL_FORMATS:
+        raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
+    if suffix == ".parquet":
+        return str(path), _parquet_records(path)
+    data = path.read_bytes()
+    if not data.strip():
+        raise GrpoKitError(f"{path} is empty. Write one JSON object per line with 'question' and 'answer'.")
+    return str(path), {".json": _json_records, ".csv": _csv_records}.get(suffix, _jsonl_records)(data, str(path))
+
+
+def _jsonl_records(data: bytes, name: str = ""):
+    """One ("line N", record or exception) per non-blank line: bad bytes or JSON are that row's error, not a crash."""
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        try:
+            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM (Windows "UTF-8 with BOM") is fine
+            if not line.strip():
+                continue
+            record = json.loads(line)
+        except UnicodeDecodeError as err:
+            record = ValueError(f"bytes that are not UTF-8 at column {err.start + 1}; save the file as UTF-8")
+        except json.JSONDecodeError as err:
+            record = ValueError(f"not valid JSON ({err.msg} at column {err.colno})")
+        yield f"line {number}", record
+
+
+def _text(data: bytes, name: str, save_as: str) -> str:
+    """The file's text (a UTF-8 byte-order mark dropped), or an error naming the first line that is not UTF-8."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as {save_as}.") from err
+
+
+def _json_records(data: bytes, name: str):
+    """A JSON array of objects (or ``{"data": [...]}``); a file that is really JSON lines is read as such."""
+    try:
+        document = json.loads(_text(data, name, "UTF-8"))
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data":  # several top-level values: JSON lines saved as .json
+            return _jsonl_records(data)
+        raise GrpoKitError(f"{name}, line {err.lineno}: not valid JSON ({err.msg} at column {err.colno}).") from err
+    if isinstance(document, dict) and isinstance(document.get("data"), list):
+        document = document["data"]
+    if not isinstance(document, list):
+        raise GrpoKitError(f"{name}: expected a JSON array of objects with 'question' and 'answer' (or JSON lines), "
+                           f"got a {type(document).__name__}.")
+    return ((f"row {index}", record) for index, record in enumerate(document, start=1))
+
+
+def _csv_records(data: bytes, name: str):
+    """Rows of a CSV file with a header line naming 'question' and 'answer' (quoted multi-line cells are fine)."""
+    reader = csv.DictReader(io.StringIO(_text(data, name, "UTF-8 CSV"), newline=""))
+    missing = [column for column in ("question", "answer") if column not in (reader.fieldnames or [])]
+    if missing:
+        raise GrpoKitError(f"{name}: missing column(s) {missing}; the header line has {reader.fieldnames}. A GSM8K CSV "
+                           "needs the columns 'question' and 'answer' (the answer ending in '#### N', or a plain number).")
+    try:
+        for record in reader:
+            yield f"line {reader.line_num}", {"question": record["question"], "answer": record["answer"]}
+    except csv.Error as err:
+        raise GrpoKitError(f"{name}, line {reader.line_num}: not valid CSV ({err}).") from err
+
+
+def _parquet_records(path: Path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as err:
+        raise GrpoKitError(f"{path}: not a readable Parquet file ({err}). Re-export it, or use .jsonl.") from err
+    missing = [column for column in ("question", "answer") if column not in table.column_names]
+    if missing:
+        raise GrpoKitError(f"{path}: missing column(s) {missing}; found {table.column_names}. A GSM8K file needs "
+                           "'question' and 'answer' (the answer ending in '#### N', or a plain number).")
+    return ((f"row {i}", record) for i, record in enumerate(table.select(["question", "answer"]).to_pylist(), start=1))
+
+
+# ---------------------------------------------------------------------------------------------------------- synthetic
+
+_NAMES = ("Ava", "Ben", "Chloe", "Dev", "Eli", "Fatima", "Gus", "Hiro", "Ines", "Jamal", "Kira", "Luis", "Mei", "Nia")
+_ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "stamps", "beads", "books")
+#: One-step problems: kind -> (question, solution line, operation); ``{step}`` is the annotated calculation.
+_ONE_STEP = {
+    "add": ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", "{name} has {step} {item}.", "+"),
+    "sub": ("{name} has {a} {item} and gives away {b}. How many {item} are left?", "{step} {item} are left.", "-"),
+    "mul": ("{name} has {a} bags with {b} {item} in each bag. How many {item} is that?", "{step} {item}.", "*"),
+    "div": ("{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
+            "Each friend gets {step} {item}.", "/"),
+}
+
+
+def _calc(a: int, op: str, b: int) -> tuple[str, int]:
+    """``a op b = <<a op b=r>>r`` as GSM8K annotates a calculation, and its result r."""
+    result = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+    return f"{a} {op} {b} = <<{a}{op}{b}={result}>>{result}", result
+
+
+def _one_step(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b = rng.randint(2, 20), rng.randint(2, 12)
+    kind = rng.choice(("add", "sub", "mul", "div"))
+    a = {"sub": a + b, "div": a * b}.get(kind, a)  # whole, positive results
+    question, line, op = _ONE_STEP[kind]
+    step, result = _calc(a, op, b)
+    return question.format(name=name, a=a, b=b, item=item), [line.format(name=name, step=step, item=item)], result
+
+
+def _two_step(rng: random.Random) -> tuple[str, list[str], int]:
+    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+    a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 15)
+    product, ab = _calc(a, "*", b)
+    if rng.random() < 0.5:
+        total, result = _calc(ab, "+", c)
+        return (f"{name} buys {a} boxes of {item} with {b} in each box, and already had {c}. How many {item} does "
+                f"{name} have now?", [f"The boxes hold {product} {item}.", f"{name} has {total} {item}."], result)
+    c = min(c, ab - 1)
+    rest, result = _calc(ab, "-", c)
+    return (f"{name} has {a} packs of {item} with {b} in each pack and gives away {c}. How many {item} are left?",
+            [f"{name} has {product} {item}.", f"{rest} {item} are left."], result)
+
+
+def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, steps: int | None = None, exclude=()):
+    """SYNTHETIC, NOT GSM8K: ``n`` distinct short word problems with small integers, in GSM8K format (a warm-up set
+    for small models), the same for a ``seed``; columns as ``load_gsm8k``.
+
+    ``steps``: ``None`` mixes one- and two-step problems, ``1`` or ``2`` keeps one kind (measured on the embedded
+    SmolLM2-135M, greedy: about a third of one-step problems right, two-step ones almost never). ``exclude``:
+    solutions whose calculations must not come back, so a held-out split never repeats a training calculation.
+
+    >>> ds = make_arithmetic_dataset(3, seed=0)
+    >>> len(ds), ds[0]["solution"].endswith("#### " + ds[0]["answer"])
+    (3, True)
+    """
+    if n < 1:
+        raise GrpoKitError(f"make_arithmetic_dataset needs n >= 1, got {n}.")
+    if steps not in (None, 1, 2):
+        raise GrpoKitError(f"steps must be one of [None, 1, 2] (None mixes one- and two-step problems), got {steps!r}.")
+    banned = {arithmetic_key(item) for item in exclude}
+    rng = random.Random(seed)
+    rows: dict[str, dict] = {}
+    for _ in range(n * 50):
+        if len(rows) == n:
+            break
+        one_step = rng.random() < 0.5 if steps is None else steps == 1
+        question, lines, result = (_one_step if one_step else _two_step)(rng)
+        solution = "\n".join([*lines, f"#### {result}"])
+        if not (banned and arithmetic_key(solution) in banned):
+            rows.setdefault(question, {"question": question, "answer": str(result), "solution": solution})
+    if len(rows) < n:
+        raise GrpoKitError(f"Could only generate {len(rows)} distinct arithmetic problems; ask for n <= {len(rows)}.")
+    label = f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}" + (f", {steps}-step" if steps else "")
+    return _to_dataset(list(rows.values()), label)
+
+
+def arithmetic_key(solution: str) -> str:
+    """The calculations of a synthetic solution (its ``<<...>>`` annotations): equal keys = the same arithmetic.
+
+    >>> arithmetic_key("Ava has 3 + 4 = <<3+4=7>>7 apples.\\n#### 7")
+    '3+4=7'
+    """
+    return ";".join(re.findall(r"<<(.*?)>>", solution)) or solution
+
+
+def _arithmetic_records(split: str, steps: int | None):
+    """Train: 256 problems from seed 0. Test: problems from seed 1 not in train: for the mix, 64 whose question
+    differs; for one kind (``steps``), ``ARITHMETIC_KIND_TEST_SIZE`` whose calculations differ too."""
+    rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0, steps=steps).to_list()
+    if split == "test" and steps is not None:
+        seen = [row["solution"] for row in rows]
+        rows = make_arithmetic_dataset(ARITHMETIC_KIND_TEST_SIZE, seed=1, steps=steps, exclude=seen).to_list()
+    elif split == "test":
+        seen = {row["question"] for row in rows}
+        fresh = make_arithmetic_dataset(ARITHMETIC_SIZES["test"] * 2, seed=1).to_list()
+        rows = [row for row in fresh if row["question"] not in seen][: ARITHMETIC_SIZES["test"]]
+    return ((f"row {index}", {"question": r["question"], "answer": r["solution"]}) for index, r in enumerate(rows, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------- prompts
 
 
-def build_messages(question: str, *, system_prompt: str = SYSTEM_PROMPT, few_shot: int = 0) -> list[dict]:
-    """Chat messages: system, then ``few_shot`` worked examples as user/assistant turns, then the question.
+def build_messages(question: str, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0) -> list[dict]:
+    """Chat messages: system (None: ``SYSTEM_PROMPT``, "": none), ``few_shot`` worked examples, then the question.
 
-    >>> msgs = build_messages("What is 6 * 7?", few_shot=2)
-    >>> [m["role"] for m in msgs], msgs[-1]["content"]
-    (['system', 'user', 'assistant', 'user', 'assistant', 'user'], 'What is 6 * 7?')
+    >>> [m["role"] for m in build_messages("What is 6 * 7?", few_shot=1)]
+    ['system', 'user', 'assistant', 'user']
     """
     if not 0 <= few_shot <= len(FEW_SHOT_EXAMPLES):
         raise GrpoKitError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {few_shot}.")
+    system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    for example_question, reply in FEW_SHOT_EXAMPLES[:few_shot]:
-        messages += [{"role": "user", "content": example_question}, {"role": "assistant", "content": reply}]
+    for example, reply in FEW_SHOT_EXAMPLES[:few_shot]:
+        messages += [{"role": "user", "content": example}, {"role": "assistant", "content": reply}]
     return [*messages, {"role": "user", "content": question}]
-
-
-def _auto_prefix_ids(tokenizer) -> list[int]:
-    """Token ids the tokenizer adds in front of plain text on its own (e.g. ``[bos]`` for Llama 3, ``[]`` for SmolLM2)."""
-    with_special = tokenizer("a")["input_ids"]
-    without = tokenizer("a", add_special_tokens=False)["input_ids"]
-    if without and with_special[len(with_special) - len(without) :] == without:
-        return list(with_special[: len(with_special) - len(without)])
-    return []
 
 
 def render_prompt(messages: list[dict], tokenizer, prefill: str = "") -> str:
     """The chat template rendered with the generation prompt, plus ``prefill``, ready for TRL as a plain string.
 
     TRL 1.15 tokenizes a plain-string prompt with ``processing_class(text=prompts)``, i.e. with
-    ``add_special_tokens=True``, whereas it renders conversational prompts with ``apply_chat_template`` (which adds
-    no special tokens beyond the template's). Templates that start with the BOS token (Llama 3, Gemma) would then get
-    a second BOS, so the template's leading BOS text is removed when the tokenizer adds that BOS by itself. For
-    SmolLM2/Qwen (no automatic BOS) the string is left as rendered. Result: TRL's ids equal the template's ids
-    followed by the prefill's.
+    ``add_special_tokens=True``. Templates that start with the BOS token (Llama 3, Gemma) would then get a second
+    BOS, so the template's leading BOS text is removed when the tokenizer adds that BOS by itself (SmolLM2/Qwen add
+    none). Result: TRL's ids equal the template's ids followed by the prefill's.
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)
@@ -185,31 +470,23 @@ def render_prompt(messages: list[dict], tokenizer, prefill: str = "") -> str:
     return text + prefill
 
 
-def _prompt_tokens(prompt, tokenizer) -> int:
-    """Prompt length in tokens, counted the way TRL's GRPOTrainer tokenizes it."""
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt)["input_ids"])
-    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True, return_dict=True)
-    return len(ids["input_ids"])
+def _auto_prefix_ids(tokenizer) -> list[int]:
+    """Token ids the tokenizer adds in front of plain text on its own (``[bos]`` for Llama 3, ``[]`` for SmolLM2)."""
+    with_special = tokenizer("a")["input_ids"]
+    without = tokenizer("a", add_special_tokens=False)["input_ids"]
+    if without and with_special[len(with_special) - len(without) :] == without:
+        return list(with_special[: len(with_special) - len(without)])
+    return []
 
 
-def format_for_grpo(
-    dataset,
-    tokenizer=None,
-    *,
-    system_prompt: str = SYSTEM_PROMPT,
-    few_shot: int = 0,
-    prefill: str = "",
-    max_prompt_tokens: int | None = None,
-):
+def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0,
+                    prefill: str = "", max_prompt_tokens: int | None = None):
     """Turn a ``load_gsm8k`` dataset into GRPOTrainer input; returns ``(dataset, n_filtered)``.
 
     Columns: ``prompt``, ``answer``, ``question``, ``prefill``. Without ``prefill`` the prompt is the message list
-    (TRL applies the chat template with the generation prompt). With ``prefill`` (e.g. ``"<think>\\n"``) the prompt
-    is a plain string from ``render_prompt`` (TRL 1.15 always renders conversational prompts with
-    ``add_generation_prompt=True`` and cannot continue an assistant turn), so ``tokenizer`` is required. Prompts
-    longer than ``max_prompt_tokens`` tokens (counted as TRL tokenizes them) are dropped; the count is returned
-    (TRL 1.x has no ``max_prompt_length``).
+    (TRL applies the chat template). With ``prefill`` (e.g. ``"<think>\\n"``) it is a plain string from
+    ``render_prompt``, since TRL 1.15 cannot continue an assistant turn. Prompts longer than ``max_prompt_tokens``
+    tokens, counted as TRL tokenizes them, are dropped and counted (TRL 1.x has no ``max_prompt_length``).
 
     >>> ds, dropped = format_for_grpo(load_gsm8k("sample", "test", limit=2))
     >>> ds.column_names, ds[0]["prompt"][0]["role"], ds[0]["prefill"], dropped
@@ -219,33 +496,26 @@ def format_for_grpo(
 
     missing = [column for column in ("question", "answer") if column not in dataset.column_names]
     if missing:
-        raise GrpoKitError(
-            f"format_for_grpo needs columns 'question' and 'answer' (from load_gsm8k); missing {missing}."
-        )
+        raise GrpoKitError(f"format_for_grpo needs columns 'question' and 'answer' (from load_gsm8k); missing {missing}.")
     if len(dataset) == 0:
         raise GrpoKitError("format_for_grpo got an empty dataset; load some rows first.")
-    if tokenizer is None and prefill:
-        raise GrpoKitError(f"prefill={prefill!r} needs the tokenizer to render the chat template; pass tokenizer=...")
-    if tokenizer is None and max_prompt_tokens is not None:
-        raise GrpoKitError("max_prompt_tokens needs the tokenizer to count tokens; pass tokenizer=...")
+    if tokenizer is None and (prefill or max_prompt_tokens is not None):
+        raise GrpoKitError(f"{f'prefill={prefill!r}' if prefill else 'max_prompt_tokens'} needs the tokenizer (to render "
+                           "the chat template and count tokens); pass tokenizer=...")
     columns: dict[str, list] = {"prompt": [], "answer": [], "question": [], "prefill": []}
-    filtered = 0
-    longest = 0
+    lengths = []
     for question, answer in zip(dataset["question"], dataset["answer"], strict=True):
         messages = build_messages(question, system_prompt=system_prompt, few_shot=few_shot)
         prompt = render_prompt(messages, tokenizer, prefill) if prefill else messages
-        if max_prompt_tokens is not None:
-            length = _prompt_tokens(prompt, tokenizer)
-            longest = max(longest, length)
-            if length > max_prompt_tokens:
-                filtered += 1
+        if max_prompt_tokens is not None:  # as TRL's GRPOTrainer tokenizes a string / a conversation
+            lengths.append(len(tokenizer(prompt)["input_ids"]) if prefill else len(tokenizer.apply_chat_template(
+                prompt, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]))
+            if lengths[-1] > max_prompt_tokens:
                 continue
         for key, value in (("prompt", prompt), ("answer", answer), ("question", question), ("prefill", prefill)):
             columns[key].append(value)
     if not columns["prompt"]:
-        raise GrpoKitError(
-            f"All {filtered} prompts are longer than the prompt budget of {max_prompt_tokens} tokens (the longest has "
-            f"{longest}). Raise it (--set max_prompt_length={longest}), or use fewer few-shot examples "
-            "(--set few_shot=0)."
-        )
-    return Dataset.from_dict(columns), filtered
+        raise GrpoKitError(f"All {len(lengths)} prompts are longer than the prompt budget of {max_prompt_tokens} tokens "
+                           f"(the longest has {max(lengths)}). Raise it (--set max_prompt_length={max(lengths)}), or use "
+                           "fewer few-shot examples (--set few_shot=0).")
+    return Dataset.from_dict(columns), len(dataset) - len(columns["prompt"])

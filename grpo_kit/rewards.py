@@ -1,43 +1,26 @@
-"""Reward functions for GRPO on GSM8K, in the form TRL's ``GRPOTrainer`` calls them.
+"""Reward functions for GRPO on GSM8K as TRL's ``GRPOTrainer`` calls them, chosen by name from ``REWARDS``.
 
 Every reward is ``fn(completions, **kwargs) -> list[float]``: one finite float per completion, never an exception,
-whatever the text (empty, 100k characters, unbalanced tags, "nan", 10**400). TRL also passes ``prompts``,
-``completion_ids``, ``trainer_state`` and every dataset column as lists; the rewards read two columns:
-
-- ``answer``: the gold canonical number string (e.g. "72"), used by ``correctness``;
-- ``prefill``: text the kit prefilled for the assistant (e.g. ``"<think>\\n"``), prepended to each completion before
-  scoring, so a prefilled ``<think>`` counts as written.
-
-A completion is a plain string or a conversational list of messages (the text is the last message's ``content``).
-The chat format is ``<think> reasoning </think><answer> final number </answer>``.
-
-Rewards that read the answer (``correctness``, ``integer``, ``answer_number``) follow ``grpo_kit.answers``: the last
-answer block wherever it is and however much text follows, tags in any case, a final block left open (a stripped
-``</answer>`` stop string) read to the end. Rewards that judge the format (``format``, ``strict_format``,
-``tag_count``, ``tag_progress``) check the tags exactly as the system prompt asks: lowercase, and ``</answer>``
-written, so a run that stops generation at ``</answer>`` gets no format credit for it (vLLM: keep it in the text
-with ``include_stop_str_in_output=True``).
+whatever the text. Of the columns TRL passes they read ``answer`` (the gold canonical number, "72") and ``prefill``
+(text the kit prefilled for the assistant, prepended so a prefilled ``<think>`` counts as written). Rewards that read
+the answer follow ``grpo_kit.answers``; rewards that judge the format check the tags as the system prompt asks them:
+lowercase, ``</answer>`` written (vLLM: ``include_stop_str_in_output=True``). math-verify is deliberately not used:
+GSM8K gold answers are plain numbers, and its sympy parsing is slow and needs ``signal.alarm`` timeouts that fail
+outside the main thread. Every check is linear in the text length (``str.find``/``str.count``, no backtracking).
 
 >>> good = "<think>\\n48 / 2 = 24, 48 + 24 = 72\\n</think>\\n<answer>\\n72\\n</answer>"
->>> correctness_reward([good, "<answer>71</answer>"], answer=["72", "72"])
+>>> REWARDS["correctness"]([good, "<answer>71</answer>"], answer=["72", "72"])
 [2.0, 0.0]
-
-Choosing rewards by name, with weights, and scoring outside training: ``grpo_kit.machinery.reward_specs``
-(``parse_reward_spec("correctness:2,format")``, ``score_completions``).
-
-Correctness compares numbers with ``grpo_kit.answers`` (exact decimal equality after reading "$1,000", "72 clips",
-"\\\\boxed{72}", "\\\\frac{3}{4}" ...). math-verify is deliberately not used here: GSM8K gold answers are plain
-numbers, and math-verify's sympy parsing is slow and needs ``signal.alarm`` timeouts that fail outside the main
-thread. Tag checks use ``str.find``/``str.count`` (linear time, no regex backtracking); answer extraction is linear
-in the text length too.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import os
 import re
+import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from grpo_kit.answers import (
@@ -48,60 +31,19 @@ from grpo_kit.answers import (
     normalize_number,
     strip_end_markers,
 )
+from grpo_kit.errors import GrpoKitError
 
 THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE = "<think>", "</think>", "<answer>", "</answer>"
 TAGS = (THINK_OPEN, THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
-
-#: Points per reward (the registry's ranges are built from these).
-CORRECT_POINTS = 2.0
-FORMAT_POINTS = 0.5
-INTEGER_POINTS = 0.5
-TAG_POINTS = 0.25
-#: tag_count: penalty per character of text after the last </answer>, and its cap.
-TRAILING_PENALTY_PER_CHAR = 0.001
-TRAILING_PENALTY_CAP = 0.25
-#: A reward spec that reproduces the classic five GSM8K rewards, with the bugs fixed.
-DEFAULT_REWARD_SPEC = "correctness,integer,strict_format,format,tag_count"
+CORRECT_POINTS, FORMAT_POINTS, INTEGER_POINTS, TAG_POINTS = 2.0, 0.5, 0.5, 0.25
+#: tag_count: penalty per character of text after the last </answer>, capped so long junk cannot dominate.
+TRAILING_PENALTY_PER_CHAR, TRAILING_PENALTY_CAP = 0.001, 0.25
 
 # Literal start, then one whitespace run: each "</think>" is tried once, so the search is linear in the text length.
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
 _INTEGER = re.compile(
-    r"[-\u2212]?(?:[0-9]+|"
-    + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS)
-    + ")"
+    r"[-\u2212]?(?:[0-9]+|" + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS) + ")"
 )
-
-
-@dataclass(frozen=True)
-class RewardInfo:
-    """What a reward scores and the range of values it returns (``low`` ≤ reward ≤ ``high``)."""
-
-    name: str
-    low: float
-    high: float
-    description: str
-
-
-#: name → reward function (filled by ``_reward`` below, in table order).
-REWARDS: dict[str, Callable[..., list[float]]] = {}
-#: name → RewardInfo, for the table that ``grpo-kit rewards`` prints and the README embeds.
-REWARD_INFO: dict[str, RewardInfo] = {}
-
-
-def _reward(name: str, low: float, high: float, description: str):
-    """Register a reward under ``name``; its ``__name__`` becomes ``name`` so TRL logs ``rewards/<name>/mean``."""
-
-    def register(fn: Callable[..., list[float]]) -> Callable[..., list[float]]:
-        fn.__name__ = name
-        REWARDS[name] = fn
-        REWARD_INFO[name] = RewardInfo(name, low, high, description)
-        return fn
-
-    return register
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Inputs: completion text, prefill, gold answers
 
 
 def completion_text(completion: Any) -> str:
@@ -114,13 +56,10 @@ def completion_text(completion: Any) -> str:
         return completion
     if isinstance(completion, (list, tuple)):
         completion = completion[-1] if completion else None
-    if isinstance(completion, dict):
-        content = completion.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, (list, tuple)):  # multimodal parts: [{"type": "text", "text": ...}]
-            return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
+    content = completion.get("content") if isinstance(completion, dict) else None
+    if isinstance(content, (list, tuple)):  # multimodal parts: [{"type": "text", "text": ...}]
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return content if isinstance(content, str) else ""
 
 
 def column(values: Any, index: int) -> Any:
@@ -130,34 +69,15 @@ def column(values: Any, index: int) -> Any:
     return values
 
 
-def _texts(completions: Sequence[Any], prefill: Any = None) -> list[str]:
+def _texts(completions: Sequence[Any] | None, prefill: Any = None) -> list[str]:
     """Completion texts with each one's prefill prepended (``prefill`` is a list per completion or one string)."""
-    if completions is None:
-        return []
-    texts = []
-    for i, completion in enumerate(completions):
-        head = column(prefill, i)
-        texts.append((head if isinstance(head, str) else "") + completion_text(completion))
-    return texts
-
-
-def _strip_end(text: str) -> str:
-    """``text`` without trailing whitespace and end-of-sequence markers."""
-    return strip_end_markers(text)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Per-text checks (pure, linear time)
+    heads = [column(prefill, i) for i in range(len(completions or ()))]
+    return [(h if isinstance(h, str) else "") + completion_text(c) for h, c in zip(heads, completions or (), strict=True)]
 
 
 def has_soft_format(text: str) -> bool:
-    """``<think>…</think>`` then ``<answer>…</answer>`` (anything inside, newlines too), text may follow.
-
-    Same as ``re.match(r"\\s*<think>.*?</think>\\s*<answer>.*?</answer>", text, re.DOTALL)`` in linear time.
-
-    >>> has_soft_format("<think>\\nline 1\\nline 2\\n</think>\\n<answer>\\n7\\n</answer>")
-    True
-    """
+    """``<think>…</think>`` then ``<answer>…</answer>`` (anything inside, newlines too), text may follow: the same as
+    ``re.match(r"\\s*<think>.*?</think>\\s*<answer>.*?</answer>", text, re.DOTALL)`` in linear time."""
     body = text.lstrip()
     if not body.startswith(THINK_OPEN):
         return False
@@ -167,212 +87,244 @@ def has_soft_format(text: str) -> bool:
 
 
 def has_strict_format(text: str) -> bool:
-    """Exactly ``<think> reasoning </think> <answer> answer </answer>`` and nothing else but whitespace/EOS.
-
-    Each tag appears once, reasoning and answer are non-empty, only whitespace around and between the blocks.
-
-    >>> has_strict_format("<think>\\n3 + 4 = 7\\n</think>\\n<answer>\\n7\\n</answer>\\n<|im_end|>")
-    True
-    >>> has_strict_format("<think>x</think><answer>7</answer> more")
-    False
-    """
-    body = _strip_end(text).lstrip()
-    if not (body.startswith(THINK_OPEN) and body.endswith(ANSWER_CLOSE)):
-        return False
-    if any(body.count(tag) != 1 for tag in TAGS):
+    """Exactly ``<think> reasoning </think> <answer> answer </answer>``: each tag once, reasoning and answer
+    non-empty, only whitespace (and end-of-sequence markers at the end) around and between the blocks."""
+    body = strip_end_markers(text).lstrip()
+    if not (body.startswith(THINK_OPEN) and body.endswith(ANSWER_CLOSE)) or any(body.count(t) != 1 for t in TAGS):
         return False
     think_close, answer_open = body.find(THINK_CLOSE), body.find(ANSWER_OPEN)
-    if answer_open < think_close:
-        return False
     reasoning = body[len(THINK_OPEN) : think_close]
     between = body[think_close + len(THINK_CLOSE) : answer_open]
     answer = body[answer_open + len(ANSWER_OPEN) : -len(ANSWER_CLOSE)]
-    return not between.strip() and bool(reasoning.strip()) and bool(answer.strip())
-
-
-def trailing_text(text: str) -> str:
-    """What follows the last ``</answer>`` (without surrounding whitespace and EOS markers); "" when no tag.
-
-    >>> trailing_text("<answer>7</answer> and more<|im_end|>")
-    'and more'
-    """
-    end = text.rfind(ANSWER_CLOSE)
-    return "" if end < 0 else _strip_end(text[end + len(ANSWER_CLOSE) :]).strip()
-
-
-def has_answer_after_think(text: str) -> bool:
-    """A complete ``<answer>…</answer>`` block somewhere after the first ``</think>``.
-
-    >>> has_answer_after_think("</think> so <answer>7</answer>"), has_answer_after_think("<answer>7</answer></think>")
-    (True, False)
-    """
-    think_close = text.find(THINK_CLOSE)
-    if think_close < 0:
-        return False
-    opened = text.find(ANSWER_OPEN, think_close + len(THINK_CLOSE))
-    return opened >= 0 and text.find(ANSWER_CLOSE, opened + len(ANSWER_OPEN)) >= 0
-
-
-def is_integer_answer(answer: str | None) -> bool:
-    """The answer text is a bare integer: digits, optional minus, optional thousands separators, at most MAX_DIGITS.
-
-    >>> [is_integer_answer(s) for s in ["72", "-7", "1,000", "70 000", "3.5", "72 clips", "1,000 000", "", None]]
-    [True, True, True, True, False, False, False, False, False]
-    """
-    if not answer:
-        return False
-    answer = answer.strip()
-    return bool(_INTEGER.fullmatch(answer)) and sum(c.isdigit() for c in answer) <= MAX_DIGITS
-
-
-def _finite(value: float) -> float:
-    value = float(value)
-    return value if math.isfinite(value) else 0.0
+    return answer_open > think_close and not between.strip() and bool(reasoning.strip()) and bool(answer.strip())
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The rewards
+# The rewards. The first docstring line is the row of the `grpo-kit rewards` table.
 
 
-@_reward("correctness", 0.0, CORRECT_POINTS, "the last `<answer>` block reads as the gold number (`$1,000` = `1000`)")
 def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list[float]:
-    """2.0 when the last ``<answer>`` block holds the gold number, else 0.0 (wrong, empty, missing, absurd, no gold).
+    """the last ``<answer>`` block reads as the gold number (``$1,000`` = ``1000``)
 
-    Range 0.0 to 2.0. Numbers are compared exactly after normalizing: "72", "72.0", "$72", "72 clips",
-    "\\\\boxed{72}" all equal "72"; "1,000" equals "1000".
-
-    >>> correctness_reward(["<think>..</think><answer>$1,000</answer>", "<answer>999</answer>", "1000"], answer=["1000"] * 3)
-    [2.0, 0.0, 0.0]
-    """
+    Exact after normalizing (``grpo_kit.answers``): "72.0", "$72", "72 clips", "\\boxed{72}" equal "72"."""
+    golds = [column(answer, i) for i in range(len(completions or ()))]
+    golds = [g if isinstance(g, str) else (str(g) if isinstance(g, (int, float)) else None) for g in golds]
     texts = _texts(completions, prefill)
-    scores = []
-    for i, text in enumerate(texts):
-        gold = column(answer, i)
-        gold = gold if isinstance(gold, str) else (str(gold) if isinstance(gold, (int, float)) else None)
-        scores.append(CORRECT_POINTS if answers_match(extract_tagged_answer(text), gold) else 0.0)
-    return scores
+    return [CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0 for t, g in zip(texts, golds, strict=True)]
 
 
-@_reward(
-    "format",
-    0.0,
-    FORMAT_POINTS,
-    "soft format: `<think>…</think>` then `<answer>…</answer>`, multi-line reasoning allowed",
-)
 def format_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """0.5 when the text starts with a think block followed by an answer block (multi-line, text may follow), else 0.
+    """soft format: ``<think>…</think>`` then ``<answer>…</answer>``, multi-line reasoning allowed
 
-    Range 0.0 to 0.5. Unlike the widely copied 2025 regex (no DOTALL), reasoning over several lines counts.
-
-    >>> format_reward(["<think>\\na\\nb\\n</think>\\n<answer>7</answer> bye", "<answer>7</answer>"])
-    [0.5, 0.0]
-    """
-    return [FORMAT_POINTS if has_soft_format(text) else 0.0 for text in _texts(completions, prefill)]
+    Unlike the widely copied 2025 regex (no DOTALL), reasoning over several lines counts. Text may follow."""
+    return [FORMAT_POINTS if has_soft_format(t) else 0.0 for t in _texts(completions, prefill)]
 
 
-@_reward(
-    "strict_format",
-    0.0,
-    FORMAT_POINTS,
-    "the whole text is exactly `<think>…</think><answer>…</answer>`, each tag once, nothing after",
-)
 def strict_format_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """0.5 when the whole completion is one think block and one answer block, whitespace/EOS only around them.
+    """the whole text is exactly ``<think>…</think><answer>…</answer>``, each tag once, nothing after
 
-    Range 0.0 to 0.5. Whitespace between tags is free; each tag exactly once; reasoning and answer non-empty.
-
-    >>> strict_format_reward(["<think>\\n7\\n</think>\\n<answer>\\n7\\n</answer>\\n", "<think>7</think><answer>7</answer>!"])
-    [0.5, 0.0]
-    """
-    return [FORMAT_POINTS if has_strict_format(text) else 0.0 for text in _texts(completions, prefill)]
+    Whitespace between the blocks and end-of-sequence markers after them are free."""
+    return [FORMAT_POINTS if has_strict_format(t) else 0.0 for t in _texts(completions, prefill)]
 
 
-@_reward(
-    "tag_count",
-    -TRAILING_PENALTY_CAP,
-    4 * TAG_POINTS,
-    "0.25 per think/answer tag seen exactly once, minus 0.001 per character after `</answer>` (at most 0.25)",
-)
 def tag_count_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """Partial credit: 0.25 for each of the four tags appearing exactly once, minus a bounded trailing-text penalty.
+    """0.25 per think/answer tag seen exactly once, minus 0.001 per character after ``</answer>`` (at most 0.25)
 
-    Range -0.25 to 1.0. The penalty is 0.001 per character after the last ``</answer>`` (whitespace and EOS
-    markers ignored), capped at 0.25 so long junk cannot dominate the other rewards.
-
-    >>> tag_count_reward(["<think>a</think><answer>7</answer>", "<think>a</think><answer>7</answer>" + "x" * 100])
-    [1.0, 0.9]
-    """
+    Whitespace and end-of-sequence markers after the last ``</answer>`` are not trailing text."""
     scores = []
     for text in _texts(completions, prefill):
-        seen_once = sum(TAG_POINTS for tag in TAGS if text.count(tag) == 1)
-        penalty = min(TRAILING_PENALTY_PER_CHAR * len(trailing_text(text)), TRAILING_PENALTY_CAP)
-        scores.append(_finite(round(seen_once - penalty, 6)))
+        end = text.rfind(ANSWER_CLOSE)
+        trailing = "" if end < 0 else strip_end_markers(text[end + len(ANSWER_CLOSE) :]).strip()
+        penalty = min(TRAILING_PENALTY_PER_CHAR * len(trailing), TRAILING_PENALTY_CAP)
+        scores.append(round(sum(TAG_POINTS for tag in TAGS if text.count(tag) == 1) - penalty, 6))
     return scores
 
 
-@_reward(
-    "integer", 0.0, INTEGER_POINTS, "the `<answer>` text is a bare integer (`-7`, `1,000` yes; `3.5`, `72 clips` no)"
-)
 def integer_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """0.5 when the last ``<answer>`` block holds a bare integer (negatives and thousands commas allowed), else 0.
+    """the ``<answer>`` text is a bare integer (``-7``, ``1,000`` yes; ``3.5``, ``72 clips`` no)
 
-    Range 0.0 to 0.5.
+    Digits, an optional minus, optional thousands separators, at most ``MAX_DIGITS`` digits."""
+    scores = []
+    for text in _texts(completions, prefill):
+        answer = (extract_tagged_answer(text) or "").strip()
+        bare = _INTEGER.fullmatch(answer) and sum(c.isdigit() for c in answer) <= MAX_DIGITS
+        scores.append(INTEGER_POINTS if bare else 0.0)
+    return scores
 
-    >>> integer_reward(["<answer>-7</answer>", "<answer>1,000</answer>", "<answer>3.5</answer>", "7"])
-    [0.5, 0.5, 0.0, 0.0]
-    """
-    return [
-        INTEGER_POINTS if is_integer_answer(extract_tagged_answer(t)) else 0.0 for t in _texts(completions, prefill)
-    ]
 
-
-@_reward(
-    "tag_progress",
-    0.0,
-    4 * TAG_POINTS,
-    "CPU recipe: 0.25 per `</think>`, `<answer>`, `</answer>` seen once, +0.25 for an answer block after `</think>`",
-)
 def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """The reward a 135M model learns the format from on CPU (with ``<think>\\n`` prefilled).
+    """CPU recipe: 0.25 per ``</think>``, ``<answer>``, ``</answer>`` seen once, +0.25 for an answer block after ``</think>``
 
-    Range 0.0 to 1.0: 0.25 for each of ``</think>``, ``<answer>``, ``</answer>`` appearing exactly once, plus 0.25
-    when a complete ``<answer>…</answer>`` block follows the first ``</think>``. Each step toward the format earns
-    something, so a small model's first attempts already differ in reward (GRPO needs that variance to learn).
+    With ``<think>\\n`` prefilled each step toward the format earns something, so a 135M model's first attempts
+    already differ in reward (GRPO needs that variance to learn).
 
     >>> tag_progress_reward(["a</think><answer>7</answer>", "a</think>", "nothing"], prefill=["<think>\\n"] * 3)
     [1.0, 0.25, 0.0]
     """
     scores = []
     for text in _texts(completions, prefill):
-        seen_once = sum(TAG_POINTS for tag in (THINK_CLOSE, ANSWER_OPEN, ANSWER_CLOSE) if text.count(tag) == 1)
-        scores.append(seen_once + (TAG_POINTS if has_answer_after_think(text) else 0.0))
+        think_close = text.find(THINK_CLOSE)
+        opened = text.find(ANSWER_OPEN, think_close + len(THINK_CLOSE)) if think_close >= 0 else -1
+        answer_after_think = opened >= 0 and text.find(ANSWER_CLOSE, opened + len(ANSWER_OPEN)) >= 0
+        scores.append(sum(TAG_POINTS for tag in TAGS[1:] if text.count(tag) == 1) + TAG_POINTS * answer_after_think)
     return scores
 
 
-@_reward(
-    "answer_number", 0.0, INTEGER_POINTS, "a number can be read from the last `<answer>` block (`72 clips`, `$3.50`)"
-)
 def answer_number_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """0.5 when a number can be read from the last ``<answer>`` block ("72 clips", "$3.50", "\\\\frac{1}{2}"), else 0.
-
-    Range 0.0 to 0.5.
-
-    >>> answer_number_reward(["<answer>72 clips</answer>", "<answer>seventy</answer>"])
-    [0.5, 0.0]
-    """
-    return [
-        INTEGER_POINTS if normalize_number(extract_tagged_answer(t) or "") is not None else 0.0
-        for t in _texts(completions, prefill)
-    ]
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Scoring completions outside training, and the format metric
+    """a number can be read from the last ``<answer>`` block (``72 clips``, ``$3.50``)"""
+    texts = _texts(completions, prefill)
+    return [INTEGER_POINTS if normalize_number(extract_tagged_answer(t) or "") is not None else 0.0 for t in texts]
 
 
 def format_rate(completions, prefill=None, **kwargs) -> list[float]:
-    """Metric-only reward (weight 0 in training): 1.0 when a completion is in the think/answer format, else 0.0.
+    """metric, weight 0 in training: 1 when ``format`` gives credit (TRL logs the share as ``rewards/format_rate/mean``)"""
+    return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
 
-    TRL logs it as ``rewards/format_rate/mean``: the share of completions in the format.
+
+#: name -> reward function, in the order of the `grpo-kit rewards` table.
+REWARDS: dict[str, Callable[..., list[float]]] = {
+    "correctness": correctness_reward,
+    "format": format_reward,
+    "strict_format": strict_format_reward,
+    "tag_count": tag_count_reward,
+    "integer": integer_reward,
+    "tag_progress": tag_progress_reward,
+    "answer_number": answer_number_reward,
+    "format_rate": format_rate,
+}
+for _name, _fn in REWARDS.items():
+    _fn.__name__ = _name  # TRL logs rewards/<__name__>/mean
+#: built-in reward -> (lowest, highest) score it gives.
+RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS), "strict_format": (0.0, FORMAT_POINTS),
+          "tag_count": (-TRAILING_PENALTY_CAP, 4 * TAG_POINTS), "integer": (0.0, INTEGER_POINTS),
+          "tag_progress": (0.0, 4 * TAG_POINTS), "answer_number": (0.0, INTEGER_POINTS), "format_rate": (0.0, 1.0)}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Choosing rewards by name and weight (TRL's reward_funcs and reward_weights), scoring outside training, the table
+
+
+def parse_reward_spec(spec) -> tuple[list[Callable[..., list[float]]], list[float], list[str]]:
+    """Reward functions, weights and names from a spec.
+
+    ``spec`` is a string such as ``"correctness:2,format,my_rewards:brevity:0.5"`` or a list whose items are such
+    names, reward functions (any TRL-compatible callable, e.g. one defined in a notebook cell) or
+    ``(name_or_function, weight)`` pairs. A name is a built-in reward (case-insensitive, '-' for '_') or
+    ``package.module:function``, imported as TRL's ``scripts/grpo.py`` does. A weight defaults to 1.0.
+
+    >>> parse_reward_spec("correctness:2,tag_progress")[1:]
+    ([2.0, 1.0], ['correctness', 'tag_progress'])
     """
-    return [1.0 if score > 0 else 0.0 for score in REWARDS["format"](completions, prefill=prefill, **kwargs)]
+    items = spec.split(",") if isinstance(spec, str) else [spec] if callable(spec) else spec
+    if not isinstance(items, Sequence):
+        raise GrpoKitError(f"Reward spec must be a string like 'correctness:2,format', or a list of names and functions, got {spec!r}.")
+    funcs, weights, names = [], [], []
+    for item in items:
+        item = item.strip() if isinstance(item, str) else item
+        if isinstance(item, str) and not item:
+            continue
+        fn, name, weight = _resolve_reward(item)
+        if name in names:
+            raise GrpoKitError(f"Reward {name!r} is named twice; name it once and give it a weight, e.g. {name}:2.")
+        funcs.append(fn)
+        weights.append(weight)
+        names.append(name)
+    if not names:
+        raise GrpoKitError(f"No reward named in {spec!r}. Give at least one, e.g. 'correctness:2,format'.")
+    return funcs, weights, names
+
+
+def _resolve_reward(item) -> tuple[Callable[..., list[float]], str, float]:
+    """``(function, name, weight)`` for one spec item: ``name[:w]``, ``module:function[:w]``, a callable, or a pair."""
+    if isinstance(item, tuple) and len(item) == 2:
+        fn, name, _ = _resolve_reward(item[0])
+        return fn, name, _weight(str(item[1]), repr(item))
+    if callable(item):
+        builtin = next((name for name, fn in REWARDS.items() if fn is item), None)
+        return item, builtin or getattr(item, "__name__", type(item).__name__), 1.0
+    if not isinstance(item, str):
+        raise GrpoKitError(f"Reward {item!r} is neither a name nor a function; pass e.g. 'correctness:2' or a function.")
+    parts = [part.strip() for part in item.split(":")]
+    key = parts[0].lower().replace("-", "_")
+    if key in REWARDS:  # a built-in: at most one weight follows
+        if len(parts) > 2:
+            raise GrpoKitError(f"Bad weight in reward {item!r}: write one finite number after the colon, e.g. correctness:2.")
+        return REWARDS[key], key, _weight(parts[1], item) if len(parts) == 2 else 1.0
+    numeric = re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+|inf|nan|infinity)([eE][-+]?\d+)?", parts[-1], re.IGNORECASE)
+    weight = _weight(parts.pop(), item) if len(parts) == 3 or (len(parts) == 2 and numeric) else 1.0
+    if len(parts) == 2:
+        return _import_reward(parts[0], parts[1], item), f"{parts[0]}:{parts[1]}", weight
+    raise GrpoKitError(
+        f"Unknown reward {parts[0]!r} in {item!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`), or "
+        "name your own function as package.module:function (e.g. my_rewards:brevity:0.5)."
+    )
+
+
+def _import_reward(module: str, function: str, item: str) -> Callable[..., list[float]]:
+    """Import ``module`` and return its ``function``; the current folder counts, so ``my_rewards.py`` beside you works."""
+    if os.getcwd() not in sys.path:  # a console script's sys.path lacks the folder the user runs it from
+        sys.path.append(os.getcwd())
+    try:
+        fn = getattr(importlib.import_module(module), function)
+    except ModuleNotFoundError as error:
+        raise GrpoKitError(
+            f"Reward {item!r}: cannot import module {module!r} ({error}). Put {module.replace('.', '/')}.py in the "
+            "folder you run from, or install the package that holds it."
+        ) from None
+    except AttributeError:
+        raise GrpoKitError(f"Reward {item!r}: module {module!r} has no function {function!r}.") from None
+    if not callable(fn):
+        raise GrpoKitError(f"Reward {item!r}: {module}.{function} is not a function.")
+    return fn
+
+
+def _weight(text: str, item: str) -> float:
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = math.nan
+    if not math.isfinite(weight):
+        raise GrpoKitError(f"Bad weight in reward {item!r}: write a finite number after the colon, e.g. correctness:2.")
+    return weight
+
+
+def score_completions(completions: Sequence[Any], answers: Sequence[str] | str | None,
+                      names: Sequence[str] | str | None = None, prefill: Sequence[str] | str = "") -> list[dict[str, float]]:
+    """Per-completion scores under each reward in ``names`` (default: every built-in), plus their unweighted ``total``;
+    ``answers`` is one gold answer per completion or one for all, ``prefill`` likewise.
+
+    >>> score_completions(["<think>a</think><answer>7</answer>"], "7", names=["correctness", "format"])
+    [{'correctness': 2.0, 'format': 0.5, 'total': 2.5}]
+    """
+    funcs, _, chosen = parse_reward_spec(list(RANGES) if names is None else names)
+    count = len(completions)
+    gold = [column(answers, i) for i in range(count)]
+    heads = [column(prefill, i) for i in range(count)]
+    scores = [fn(completions, answer=gold, prefill=heads) for fn in funcs]
+    rows = [{name: values[i] for name, values in zip(chosen, scores, strict=True)} for i in range(count)]
+    return [{**row, "total": round(sum(row.values()), 6)} for row in rows]
+
+
+def reward_table_markdown() -> str:
+    """The markdown table of the built-in rewards (name | range | what it scores) that ``grpo-kit rewards`` prints.
+
+    >>> reward_table_markdown().splitlines()[2]
+    '| `correctness` | 0 to 2 | the last `<answer>` block reads as the gold number (`$1,000` = `1000`) |'
+    """
+    lines = ["| name | range | what it scores |", "|---|---|---|"]
+    for name, (low, high) in RANGES.items():
+        what = REWARDS[name].__doc__.splitlines()[0].replace("``", "`")
+        lines.append(f"| `{name}` | {low:g} to {high:g} | {what} |")
+    return "\n".join(lines)
+
+
+def cli_rewards(args: Any = None) -> int:
+    """``grpo-kit rewards``: print the reward table and how a recipe names its rewards."""
+    try:
+        print(reward_table_markdown())
+        print("\nIn a recipe: reward_funcs: [correctness, format] and reward_weights: [2.0, 1.0]; on the command line: "
+              "--set reward_funcs=correctness,my_rewards:brevity --set reward_weights=2,0.5")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `grpo-kit rewards | head`: the reader left. Python's documented recipe: point stdout
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # at devnull so the exit flush stays quiet
+    return 0

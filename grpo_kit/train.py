@@ -1,25 +1,23 @@
-"""Training, one linear path: recipe -> model -> prompts -> rewards -> ``GRPOConfig`` -> ``GRPOTrainer`` -> adapter.
+"""Training, one linear path: recipe -> model -> prompts -> rewards -> ``GRPOTrainer`` -> adapter.
 
-``train`` reads like the notebook cell that calls it (open-r1's ``grpo.py`` is the model). What keeps a run safe
-plugs in from ``grpo_kit.machinery``: the run folder, its lock and resume (``runs``), ``metrics.jsonl``
-(``metrics``), numeric and data guards (``guards``) and sampled completions (``watch``) as trainer callbacks.
+``train`` is the sequence of calls notebook 00 shows cell by cell (open-r1's ``grpo.py`` is the model). What keeps a
+run safe plugs in around TRL, visibly: the run folder with its lock and resume (``runs``), and as trainer callbacks
+and reward wrappers, ``metrics.jsonl``, the numeric and reward guards and sampled completions (``callbacks``).
 
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
     from grpo_kit.train import train
     result = train(load_recipe("cpu", max_steps=2), data="sample")
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from grpo_kit import runs
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import runs
 
 
 @dataclass(frozen=True)
@@ -43,126 +41,96 @@ class TrainResult:
         if self.already_finished:
             head = (f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
                     "--set max_steps=N with --resume to train on)\n")
-        return (
-            head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
-            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
-        )
+        return (head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
+                f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}")
 
 
 @runs.releases_run_locks
-def train(
-    recipe,
-    *,
-    data: str = "gsm8k",
-    dataset=None,
-    output_dir: str | os.PathLike | None = None,
-    resume: bool = False,
-    overrides: dict[str, Any] | None = None,
-    callbacks: tuple = (),
-    curriculum=None,
-    lenient: bool = False,
-    show_completions: int = 0,
-) -> TrainResult:
-    """Train a GRPO LoRA adapter with ``recipe`` (a ``grpo_kit.recipes.Recipe``) on ``data`` prompts.
+def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.PathLike | None = None,
+          resume: bool = False, callbacks: tuple = (), curriculum=None, lenient: bool = False,
+          show_completions: int = 0) -> TrainResult:
+    """Train a GRPO LoRA adapter with ``recipe`` (``grpo_kit.config.Recipe``) on ``data`` prompts.
 
-    ``overrides`` are ``--set`` keys and values (``{"max_steps": 2, "rewards": [my_reward, "correctness"]}``).
-    ``dataset`` (question/answer columns) replaces ``data``. ``resume=True`` continues from the newest complete
-    checkpoint in ``output_dir``; without it a used run folder is refused, never overwritten. ``curriculum``
-    (``grpo_kit.machinery.curriculum.Curriculum``) orders/filters the prompts; ``lenient`` skips bad data rows (counted);
-    ``show_completions=N`` prints sampled completions with their rewards every N steps. Under ``accelerate launch``
-    every process runs this; only the main one writes run files.
+    ``dataset`` (question/answer columns) replaces ``data``. The run folder is ``output_dir``, else the recipe's
+    ``output_dir``, else ``runs/<recipe>-<time>``. ``resume=True`` continues from the newest complete checkpoint there;
+    without it a used run folder is refused, never overwritten. ``curriculum`` (``grpo_kit.curriculum.Curriculum``)
+    orders/filters the prompts; ``lenient`` skips bad data rows (counted); ``show_completions=N`` prints sampled
+    completions with their rewards every N steps. Under ``accelerate launch`` every process runs this; only the main
+    one writes run files.
     """
     from grpo_kit import models
-    from grpo_kit.machinery.backend import prepare_backend, without_missing_vllm
-    from grpo_kit.machinery.recipe_checks import check_grpo_fields
-    from grpo_kit.machinery.vllm_server import check_weight_sync
-
-    # --- Recipe, then the backend: Unsloth is imported before TRL/transformers/PEFT (it patches them at import)
-    recipe = recipe.with_overrides(overrides)
-    if curriculum is not None:  # no shuffling when the order matters (unless --set says otherwise)
-        recipe = recipe.with_overrides({k: v for k, v in curriculum.config_overrides().items() if k not in (overrides or {})})
-    check_weight_sync(recipe)  # server mode + 4-bit weights cannot work: refused before anything loads
-    backend = prepare_backend(recipe)
-    recipe = without_missing_vllm(check_grpo_fields(recipe))  # TRL's field names and types, now importable
-
-    import trl
-
-    from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.machinery.compat import ensure_logprob_kernel
-    from grpo_kit.machinery.guards import (
+    from grpo_kit.callbacks import (
+        CompletionSamples,
+        MetricsLogger,
         NumericsGuard,
         check_dataset_size,
         check_saved_adapter,
         guard_numerics,
         guard_rewards,
+        truncate_metrics,
     )
-    from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
-    from grpo_kit.machinery.planner import check_device
-    from grpo_kit.machinery.reward_specs import parse_reward_spec
-    from grpo_kit.machinery.runtime import detect_device, set_torch_threads
-    from grpo_kit.machinery.watch import CompletionSamples
-    from grpo_kit.rewards import format_rate
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.planner import check_device
+    from grpo_kit.rewards import parse_reward_spec
 
-    set_torch_threads()
+    # --- Recipe: the run folder is its output_dir; a curriculum keeps its order unless the recipe says otherwise
+    recipe = recipe.replace(output_dir=str(run_folder(recipe, output_dir)))
+    if curriculum is not None:
+        recipe = recipe.replace(**{k: v for k, v in curriculum.grpo_changes.items() if k not in recipe.values})
+    config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
+    models.check_weight_sync(recipe)  # server mode + 4-bit weights cannot work: refused before anything loads
+    import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
+
+    models.set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request
-    ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/machinery/compat.py
-    check_device(recipe, detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
+    models.ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/models.py
+    check_device(recipe, models.detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
-    # --- Run folder, config and data: every check runs before any weights load
-    run_dir = Path(output_dir or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
-    config = build_grpo_config(recipe, run_dir)
+    # --- Data and rewards: every input is read and checked before any weights load
     source = data if dataset is None else "the dataset passed to train()"
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
+    funcs, _, names = parse_reward_spec(recipe.rewards)  # package.module:function rewards are imported now
     if recipe.vllm_server:
-        from grpo_kit.machinery.vllm_server import check_server
-
-        check_server(recipe, wait=config.vllm_server_timeout)
+        models.check_server(recipe)
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
     runs.wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
-    if checkpoint is not None and runs.checkpoint_step(checkpoint) >= recipe.grpo["max_steps"]:
+    if checkpoint is not None and runs.checkpoint_step(checkpoint) >= config.max_steps:
         adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
         return _result(run_dir, adapter, runs.checkpoint_step(checkpoint), 0.0, already_finished=True)
 
     # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
     policy, tokenizer = models.load_model(recipe)
-    if backend == "unsloth" and recipe.vllm_colocated and getattr(policy, "vllm_engine", None) is None:
-        recipe = recipe.with_overrides(use_vllm=False)  # its engine did not start (load_model said why)
-        config = build_grpo_config(recipe, run_dir)
+    if recipe.vllm_colocated and getattr(policy, "vllm_engine", "none needed") is None:
+        recipe = recipe.replace(use_vllm=False)  # Unsloth's vLLM engine did not start: load_model said why
+        config = recipe.grpo
 
     # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
-    prompt = recipe.prompt
-    train_set, n_long = format_for_grpo(dataset, tokenizer, few_shot=prompt["few_shot"], prefill=prompt["prefill"],
-                                        max_prompt_tokens=prompt["max_prompt_length"],
-                                        **({"system_prompt": prompt["system_prompt"]} if "system_prompt" in prompt else {}))
+    train_set, n_long = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
+                                        max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
     curriculum_report = None
     if curriculum is not None:
         train_set, curriculum_report = curriculum.apply(train_set)
-    check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=prompt["max_prompt_length"])
-
-    # --- Rewards: the recipe's, plus format_rate (weight 0: a metric); each guarded against NaN and exceptions
-    funcs, _, names = parse_reward_spec(list(recipe.rewards))
-    samples = CompletionSamples(every=show_completions)
-    reward_funcs = guard_rewards(samples.wrap([*funcs, format_rate]), run_dir)
+    check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
 
     # --- Record the run (run.json; metrics after a resumed checkpoint are cut, they will be logged again)
     metrics_path = run_dir / "metrics.jsonl"
     if is_main:
         if checkpoint is not None:
             truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        info = runs.run_info(recipe, data=data, overrides=overrides or {}, reward_names=names, curriculum=curriculum_report)
-        (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str), encoding="utf-8")
+        runs.write_run_info(run_dir, recipe, data=data, reward_names=names, curriculum=curriculum_report)
 
-    # --- The trainer (looked up now: on the Unsloth backend this is Unsloth's patched GRPOTrainer)
+    # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log, guard and show
+    samples = CompletionSamples(every=show_completions)
     trainer = trl.GRPOTrainer(
         model=policy,
-        reward_funcs=reward_funcs,
+        reward_funcs=guard_rewards(samples.wrap(funcs), run_dir),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[make_metrics_logger(metrics_path), NumericsGuard(run_dir), samples, *callbacks],
+        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), samples, *callbacks],
     )
     start = time.time()
     with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
@@ -177,58 +145,18 @@ def train(
     return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
 
 
-def build_grpo_config(recipe, output_dir: str | os.PathLike, *, on_cpu: bool | None = None):
-    """``GRPOConfig(**recipe.grpo)`` plus what the kit sets: output folder, precision flags from ``model.precision``,
-    reward weights (+ 0 for the ``format_rate`` metric), CPU switches. Kit defaults (reporting, saving) come first,
-    so a recipe or ``--set`` may change them."""
-    import torch
-    import trl
-
-    if on_cpu is None:
-        on_cpu = not torch.cuda.is_available()
-    defaults = {
-        "save_strategy": "steps",
-        "report_to": ["tensorboard"] if _has_tensorboard() else "none",
-        "remove_unused_columns": False,  # rewards read the answer and prefill columns
-        "dataloader_num_workers": 0,
-        "logging_nan_inf_filter": False,  # a NaN/inf loss must reach the logs, where NumericsGuard stops the run
-        "use_cpu": on_cpu,
-    }
-    fixed = {
-        "output_dir": str(output_dir),
-        **precision_flags(recipe.model["precision"], on_cpu),
-        "reward_weights": [float(w) for _, w in recipe.rewards] + [0.0],
-    }
-    if recipe.vllm_server:
-        from grpo_kit.machinery.vllm_server import server_url
-
-        fixed["vllm_server_base_url"] = server_url(recipe)
-    if on_cpu:
-        fixed["gradient_checkpointing"] = False  # only slows a CPU run
-    return trl.GRPOConfig(**{**defaults, **recipe.grpo, **fixed})
-
-
-def precision_flags(precision: str, on_cpu: bool) -> dict[str, Any]:
-    """GRPOConfig flags for a precision name. TRL 1.x turns bf16 on by default, which breaks CPUs and T4s.
-
-    >>> precision_flags("fp16", on_cpu=False)
-    {'bf16': False, 'fp16': True}
-    """
-    if precision not in {"fp32", "fp16", "bf16"}:
-        raise GrpoKitError(f"Unknown precision '{precision}': use fp32, fp16 or bf16.")
-    if on_cpu and precision != "fp32":
-        raise GrpoKitError(f"Precision {precision} needs a GPU; on CPU use the 'cpu' recipe (fp32).")
-    return {"bf16": precision == "bf16", "fp16": precision == "fp16"}
-
-
-def _has_tensorboard() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("tensorboard") is not None
+def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
+    """``output_dir`` (``--output``), else the recipe's ``output_dir``, else ``runs/<recipe>-<time>``; two that
+    disagree are refused rather than one silently winning."""
+    recorded = recipe.values.get("output_dir")
+    if output_dir and recorded and Path(output_dir).resolve() != Path(recorded).resolve():
+        raise GrpoKitError(f"The recipe sets output_dir={recorded} but the run folder given is {output_dir}; "
+                           "keep one of them.")
+    return Path(output_dir or recorded or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def _result(run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False) -> TrainResult:
-    from grpo_kit.machinery.metrics import read_metrics, reward_first_last
+    from grpo_kit.callbacks import read_metrics, reward_first_last
 
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path)
@@ -239,3 +167,55 @@ def _result(run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, alr
 
 
 # --------------------------------------------------------------------------------------------- CLI
+
+
+def cli_train(args) -> int:
+    """``grpo-kit train``: the recipe (``--preset``/``--recipe``, or the run's own with ``--resume``) and its
+    ``--set`` changes, then ``train``, the summary and the curves."""
+    from grpo_kit.config import build_recipe, load_recipe, parse_set
+    from grpo_kit.plots import plot_metrics
+
+    changes = parse_set(args.set)
+    if "output_dir" in changes:
+        raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
+    recorded = runs.read_run_info(args.output).get("recipe") if args.resume and args.output else None
+    if recorded:  # a resumed run goes on with the recipe it started with (run.json), plus --set changes; the folder
+        # may have moved since (Drive), so its recorded output_dir is not kept
+        recipe = build_recipe({**{k: v for k, v in recorded.items() if k != "output_dir"}, **changes})
+        print(f"recipe: {recipe.name}, as recorded in {Path(args.output) / 'run.json'}")
+    elif args.recipe:
+        recipe = load_recipe(args.recipe, **changes)
+    elif args.preset == "auto":
+        from grpo_kit.planner import auto_recipe
+
+        name, reason = auto_recipe()
+        recipe = load_recipe(name, **changes)
+        print(f"recipe: {name} ({reason})")
+    else:
+        recipe = load_recipe(args.preset, **changes)
+    result = train(recipe, data=args.data, output_dir=args.output, resume=args.resume,
+                   curriculum=_curriculum_from_args(args), lenient=args.lenient,
+                   show_completions=args.show_completions or 0)
+    from accelerate import PartialState
+
+    if not PartialState().is_main_process:  # under accelerate launch: one summary and one plot
+        return 0
+    if result.already_finished:  # nothing changed, not even the plot
+        print(result.summary())
+        return 0
+    plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
+    print("\n" + result.summary() + f"\nplot: {plot}")
+    return 0
+
+
+def _curriculum_from_args(args):
+    """A ``Curriculum`` from ``--curriculum``/``--curriculum-order``/``--zero-variance``, or None without a file."""
+    if not args.curriculum:
+        if args.curriculum_order or args.zero_variance:
+            raise GrpoKitError("--curriculum-order and --zero-variance need the scores file: --curriculum "
+                               "scores.jsonl (write it with grpo-kit curriculum --data DATA).")
+        return None
+    from grpo_kit.curriculum import Curriculum
+
+    return Curriculum(args.curriculum, order=args.curriculum_order or "entropy",
+                      zero_variance=args.zero_variance or "keep")

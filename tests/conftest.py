@@ -15,7 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 @pytest.fixture(scope="session", autouse=True)
 def _pin_threads():
-    from grpo_kit.machinery.runtime import set_torch_threads
+    from grpo_kit.models import set_torch_threads
 
     set_torch_threads()
 
@@ -23,7 +23,7 @@ def _pin_threads():
 @pytest.fixture(scope="session")
 def embedded_dir():
     """Plain HF folder of the embedded SmolLM2-135M-Instruct (converted once per cache dir, ~1 min the first time)."""
-    from grpo_kit.machinery.embedded import embedded_model_path
+    from grpo_kit.models import embedded_model_path
 
     return embedded_model_path()
 

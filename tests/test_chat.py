@@ -8,9 +8,8 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.evaluate import build_prompts
-from grpo_kit.machinery import chat
-from grpo_kit.machinery.generation import generate_hf
+from grpo_kit.evaluate import ask, build_prompts, generate_hf, run_settings
+from grpo_kit.models import load_inference_model
 
 
 @pytest.fixture
@@ -18,15 +17,15 @@ def run_adapter(tmp_path, tiny_model_dir, make_adapter):
     """A run folder as ``grpo-kit train`` leaves it: ``adapter/`` plus ``run.json`` with the recipe's prompt."""
     run = tmp_path / "run"
     make_adapter(tiny_model_dir, run / "adapter")
-    (run / "run.json").write_text(json.dumps({"model": str(tiny_model_dir), "recipe": {"prompt": {"few_shot": 1, "prefill": "<think>\n"}}}))
+    (run / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir), "few_shot": 1, "prefill": "<think>\n"}}))
     return run / "adapter"
 
 
 def test_chat_answers_with_the_adapter_and_the_runs_prompt(run_adapter, tiny_model_dir, capsys):
-    model, tokenizer, settings = chat.load_chat_model(None, run_adapter)
-    assert settings == {"few_shot": 1, "prefill": "<think>\n"}
-    assert hasattr(model, "disable_adapter")  # the adapter is applied, on the base it recorded
-    reply = chat.ask(model, tokenizer, "What is 2 + 3?", max_new_tokens=6, **settings)
+    base, settings = run_settings(None, run_adapter)
+    assert (base, settings) == (str(tiny_model_dir), {"few_shot": 1, "prefill": "<think>\n", "system_prompt": None})
+    model, tokenizer = load_inference_model(base, run_adapter)
+    reply = ask(model, tokenizer, "What is 2 + 3?", max_new_tokens=6, **settings)
     prompt = build_prompts(["What is 2 + 3?"], tokenizer, **settings)[0]
     expected = generate_hf(model, tokenizer, [prompt], max_new_tokens=6, progress=False)[0][0][0]
     assert reply == "<think>\n" + expected
@@ -44,6 +43,12 @@ def test_chat_cli_reads_questions_from_stdin(run_adapter, monkeypatch, capsys):
     assert main(["chat", "--adapter", str(run_adapter), "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out
     assert out.count("Q: ") == 2 and "Q: Second question?" in out
+
+
+def test_without_a_run_record_the_base_comes_from_the_adapter(tmp_path, tiny_model_dir, make_adapter):
+    adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
+    assert run_settings(None, adapter) == (str(tiny_model_dir), {"few_shot": 0, "prefill": "", "system_prompt": None})
+    assert run_settings("other", adapter)[0] == "other" and run_settings(None, None)[0] == "embedded"
 
 
 def test_chat_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import grpo_kit.machinery.colab_install as colab_install
-from grpo_kit.machinery.colab_install import Runtime, plan_install, read_requirements
+import grpo_kit.colab_install as colab_install
+from grpo_kit.colab_install import Runtime, plan_install, read_requirements
 
 REQUIREMENTS = Path(__file__).resolve().parents[1] / "requirements-colab.txt"
 REPO = "/content/grpo-kit"
@@ -56,9 +56,10 @@ def test_other_torch_versions_choose_their_own_vllm_or_none():
     assert older.vllm is None and "xformers" not in _pins(older)  # 0.0.35 needs torch >= 2.10: pip picks
 
 
-def test_t4_is_told_flashattention_is_missing_and_old_gpus_get_no_vllm():
+def test_t4_is_told_flashattention_is_missing_and_older_gpus_get_no_vllm():
     t4 = _plan(capability=(7, 5))
     assert t4.vllm == "0.26.0" and "no FlashAttention" in " ".join(t4.reasons)
+    assert _plan(capability=(7, 0)).vllm is None  # a V100: vLLM 0.26's wheels have no sm70 kernels
     assert _plan(capability=(6, 0)).vllm is None
 
 
@@ -88,7 +89,6 @@ def test_restart_only_when_an_imported_package_changed():
 
 def test_install_probes_in_a_child_runs_the_plan_and_reports_a_restart(monkeypatch, tmp_path):
     """The notebook's cell on a stand-in Colab: the probe answers for a CUDA 12 T4, pip is recorded, not run."""
-    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
     repo = tmp_path / "grpo-kit"
     repo.mkdir()
     (repo / "requirements-colab.txt").write_text(REQUIREMENTS.read_text())
@@ -105,7 +105,7 @@ def test_install_probes_in_a_child_runs_the_plan_and_reports_a_restart(monkeypat
         return types.SimpleNamespace(returncode=0)
 
     lines = []
-    plan = colab_install.install(str(repo), loaded=["numpy", "IPython"], run=run, say=lines.append)
+    plan = colab_install.install(str(repo), loaded=["numpy", "IPython"], colab=True, run=run, say=lines.append)
     assert calls[0][1:3] == ["-c", colab_install.PROBE] and calls[0][0] == sys.executable
     assert [tuple(c) for c in calls[1:]] == list(plan.commands) and plan.vllm is None
     assert "vLLM skipped" in lines[0] and "RESTART NEEDED: numpy 2.0.2 -> 2.3.1" in lines[-1]
@@ -116,3 +116,13 @@ def test_loaded_distributions_reads_what_is_imported():
     found = colab_install.loaded_distributions(["pytest", "json", "_pytest.python"])
     assert found == {"pytest": pytest.__version__}
 
+
+
+def test_without_install_the_command_only_prints_the_plan(monkeypatch, capsys):
+    """``python -m grpo_kit.colab_install`` on any machine: the plan for this checkout, and no pip run."""
+    h100 = Runtime(torch="2.13.0+cu130", cuda="13.0", capability=(9, 0), gpu="H100")
+    monkeypatch.setattr(colab_install, "probe_runtime", lambda run=None: h100)
+    monkeypatch.setattr(colab_install.subprocess, "run", lambda *a, **k: pytest.fail("nothing may be installed"))
+    assert colab_install.main([]) == 0
+    printed = capsys.readouterr().out
+    assert "vLLM 0.31.0" in printed and "commands:" in printed

@@ -8,22 +8,21 @@ import random
 
 import pytest
 
-from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import sampling
-from grpo_kit.machinery.curriculum import (
+from grpo_kit.curriculum import (
     Curriculum,
     PromptScore,
     answer_clusters,
     answer_entropy,
     curriculum_order,
     final_number,
-    frac_reward_zero_std,
     is_zero_variance,
     read_scores,
+    sample_answers,
+    score_dataset,
     write_scores,
     zero_variance_filter,
 )
-from grpo_kit.machinery.sampling import score_dataset, weighted_rewards
+from grpo_kit.errors import GrpoKitError
 
 # ------------------------------------------------------------------------------------------------ measurements
 
@@ -43,7 +42,8 @@ def test_final_number_prefers_the_answer_block(texts, expected):
 def test_entropy_is_shannon_entropy_of_cluster_shares():
     answers = ["1", "2", "1", None, "3", "1"]
     shares = [3 / 6, 1 / 6, 1 / 6, 1 / 6]  # clusters 1, 2, None, 3
-    assert answer_clusters(answers) == [("1", 3), ("2", 1), (None, 1), ("3", 1)]
+    assert answer_clusters(answers) == [("1", 3), ("2", 1), ("3", 1), (None, 1)]
+    assert answer_clusters([None, None]) == [(None, 1), (None, 1)]  # two non-answers are not one agreed answer
     assert answer_entropy(answers) == pytest.approx(-sum(p * math.log(p) for p in shares))
     assert answer_entropy(["4"] * 8) == 0.0
     assert answer_entropy([str(i) for i in range(8)]) == pytest.approx(math.log(8))  # the maximum for M=8
@@ -65,7 +65,7 @@ def _trl_frac_zero_std(rewards: list[float], num_generations: int) -> float:
     return torch.isclose(std, torch.zeros_like(std)).float().mean().item()
 
 
-def test_zero_std_share_is_computed_as_trl_computes_it():
+def test_zero_variance_is_what_trl_counts_in_frac_reward_zero_std():
     rng = random.Random(0)
     for _ in range(200):
         g = rng.choice([2, 3, 4, 8])
@@ -76,17 +76,21 @@ def test_zero_std_share_is_computed_as_trl_computes_it():
                 rewards += [rng.choice([0.0, 0.25, 1.0, 2.5])] * g  # a flat group
             else:
                 rewards += [rng.choice([0.0, 0.25, 0.5, 1.0, 2.0]) for _ in range(g)]  # may still tie by chance
-        assert frac_reward_zero_std(rewards, g) == pytest.approx(_trl_frac_zero_std(rewards, g)), rewards
+        flat = [is_zero_variance(rewards[i : i + g]) for i in range(0, len(rewards), g)]
+        assert sum(flat) / len(flat) == pytest.approx(_trl_frac_zero_std(rewards, g)), rewards
 
 
 def test_zero_variance_matches_torch_isclose_tolerance():
     assert is_zero_variance([1.0, 1.0 + 1e-12])  # below TRL's isclose tolerance: counted as flat, as TRL does
     assert not is_zero_variance([1.0, 1.0 + 1e-6])
+    assert not is_zero_variance([0.5])  # one reward is no group
 
 
-def test_frac_zero_std_refuses_partial_groups():
-    with pytest.raises(GrpoKitError, match="whole groups"):
-        frac_reward_zero_std([1.0, 2.0, 3.0], num_generations=2)
+def test_unscorable_rewards_are_left_out_of_the_std_as_trl_nanstd_does():
+    nan = math.nan
+    assert is_zero_variance([1.0, nan, 1.0]) and not is_zero_variance([1.0, nan, 2.0])
+    assert not is_zero_variance([nan, nan, nan]) and not is_zero_variance([1.0, nan])
+    assert _trl_frac_zero_std([1.0, nan, 1.0, 0.0, 2.0, 0.0], 3) == 0.5  # TRL: the first group is flat too
 
 
 # ------------------------------------------------------------------------------------------------ ordering
@@ -128,6 +132,8 @@ def test_zero_variance_drop_and_last():
     assert zero_variance_filter([0, 1, 2], scores, "last") == ([1, 2, 0], 1)
     with pytest.raises(GrpoKitError, match="drop"):
         zero_variance_filter([0], scores, "skip")
+    with pytest.raises(GrpoKitError, match="staged"):
+        curriculum_order(scores, "hardest")
 
 
 # ------------------------------------------------------------------------------------------------ files and apply
@@ -142,8 +148,23 @@ def test_scores_round_trip_and_bad_rows_name_the_line(tmp_path):
     path.write_text(path.read_text() + '{"question": "q3"}\n')
     with pytest.raises(GrpoKitError, match=r"s\.jsonl:3"):
         read_scores(path)
-    with pytest.raises(GrpoKitError, match="grpo-kit curriculum"):
-        read_scores(tmp_path / "missing.jsonl")
+    path.write_text(path.read_text().splitlines()[0] + "\n[1, 2]\n")  # JSON, but not a row
+    with pytest.raises(GrpoKitError, match=r"s\.jsonl:2"):
+        read_scores(path)
+
+
+@pytest.mark.parametrize("make", ["missing", "binary", "folder", "empty"])
+def test_a_scores_file_that_cannot_be_read_is_one_clear_error(tmp_path, make):
+    path = tmp_path / "scores.jsonl"
+    if make == "binary":
+        path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)
+    elif make == "folder":
+        path.mkdir()
+    elif make == "empty":
+        path.write_text("\n\n")
+    with pytest.raises(GrpoKitError, match="grpo-kit curriculum") as caught:
+        Curriculum(str(path)).apply(_dataset(["q"]))
+    assert str(path) in str(caught.value) and "\n" not in str(caught.value)
 
 
 def _dataset(questions):
@@ -172,11 +193,20 @@ def test_curriculum_apply_orders_filters_and_reports(tmp_path):
 
 
 def test_curriculum_turns_shuffling_off_only_when_order_matters():
-    assert Curriculum("s", order="entropy").config_overrides() == {"shuffle_dataset": False}
-    assert Curriculum("s", order="none", zero_variance="last").config_overrides() == {"shuffle_dataset": False}
-    assert Curriculum("s", order="none", zero_variance="drop").config_overrides() == {}
+    assert Curriculum("s", order="entropy").grpo_changes == {"shuffle_dataset": False}
+    assert Curriculum("s", order="none", zero_variance="last").grpo_changes == {"shuffle_dataset": False}
+    assert Curriculum("s", order="none", zero_variance="drop").grpo_changes == {}
     with pytest.raises(GrpoKitError, match="entropy"):
         Curriculum("s", order="hardest")
+    with pytest.raises(GrpoKitError, match="keep, drop, last"):
+        Curriculum("s", zero_variance="skip")
+
+
+def test_grpo_changes_are_valid_grpo_config_fields():
+    from grpo_kit.config import load_recipe
+
+    recipe = load_recipe("cpu").replace(**Curriculum("s").grpo_changes)
+    assert recipe.grpo.shuffle_dataset is False  # TRL then trains in the curriculum's order
 
 
 def test_curriculum_for_other_data_or_nothing_left_is_explained(tmp_path):
@@ -197,10 +227,19 @@ def test_cli_zero_variance_without_scores_is_a_clear_error(capsys):
 # ------------------------------------------------------------------------------------------------ scoring
 
 
-def test_weighted_rewards_sum_like_trl():
-    funcs = [lambda c, **k: [1.0, None, None], lambda c, **k: [0.5, 0.5, None]]
-    totals = weighted_rewards(["a", "b", "c"], funcs, [2.0, 1.0])
-    assert totals[:2] == [2.5, 0.5] and math.isnan(totals[2])  # all None: unscorable, as in TRL
+def test_rewards_are_summed_like_trl():
+    """Weighted sum over the functions that returned a number; a completion no function scores is NaN (TRL)."""
+    from datasets import Dataset
+
+    dataset = Dataset.from_dict({"prompt": ["p"], "question": ["q"], "answer": ["1"], "prefill": [""]})
+    def first(completions, **kwargs):
+        return [1.0, None, None]
+
+    def second(completions, **kwargs):
+        return [0.5, 0.5, None]
+
+    (score,) = score_dataset(dataset, [["a", "b", "c"]], reward_spec=[(first, 2.0), (second, 1.0)])
+    assert score.rewards[:2] == (2.5, 0.5) and math.isnan(score.rewards[2])
 
 
 def _constructed_case():
@@ -212,10 +251,10 @@ def _constructed_case():
         {"prompt": questions, "question": questions, "answer": ["4"] * 8, "prefill": ["<think>\n"] * 8}
     )
 
-    def sampler(prompts, samples):
-        rng = random.Random(len(prompts))
+    def sampler(rows, samples):
+        rng = random.Random(len(rows))
         out = []
-        for prompt in prompts:
+        for prompt in rows["prompt"]:
             if prompt.startswith("stuck"):
                 out.append(["</think><answer>9</answer>"] * samples)
             else:
@@ -229,7 +268,7 @@ def _constructed_case():
 
 def test_score_dataset_reads_answers_with_the_prefill_and_scores_with_the_run_rewards():
     dataset, sampler = _constructed_case()
-    scores = score_dataset(dataset, sampler, samples=4, reward_spec="tag_progress,correctness:0.25")
+    scores = score_dataset(dataset, sampler(dataset, 4), reward_spec="tag_progress,correctness:0.25")
     stuck = scores[1]
     assert stuck.answers == ("9",) * 4 and stuck.zero_variance and stuck.entropy == 0.0 and stuck.accuracy == 0.0
     assert stuck.rewards == (1.0,) * 4  # tag_progress counts the prefilled <think> as written
@@ -241,11 +280,11 @@ def test_dropping_zero_variance_prompts_removes_zero_std_groups(tmp_path):
     """The constructed case: half the prompts are stuck. Filtering with the scores leaves no flat group."""
     dataset, sampler = _constructed_case()
     spec = "tag_progress,correctness:0.25"
-    path = write_scores(tmp_path / "s.jsonl", score_dataset(dataset, sampler, samples=4, reward_spec=spec))
+    path = write_scores(tmp_path / "s.jsonl", score_dataset(dataset, sampler(dataset, 4), reward_spec=spec))
 
     def zero_std_share(rows):  # one fresh "training" pass: G=4 samples per prompt, scored, TRL's metric
-        fresh = score_dataset(rows, sampler, samples=4, reward_spec=spec)
-        return frac_reward_zero_std([r for score in fresh for r in score.rewards], num_generations=4)
+        fresh = score_dataset(rows, sampler(rows, 4), reward_spec=spec)
+        return _trl_frac_zero_std([r for score in fresh for r in score.rewards], num_generations=4)
 
     before = zero_std_share(dataset)
     filtered, report = Curriculum(str(path), order="none", zero_variance="drop").apply(dataset)
@@ -258,41 +297,33 @@ def test_dropping_zero_variance_prompts_removes_zero_std_groups(tmp_path):
 
 
 @pytest.mark.slow
-def test_hf_sampler_gives_m_samples_per_prompt_and_is_seeded(tiny_model_dir):
+def test_sampled_answers_are_m_per_prompt_seeded_and_drawn_by_the_shared_generate_loop(tiny_model_dir):
+    """M samples per prompt (string or messages), the same for the same seed, and the same draws as
+    ``evaluate.generate_hf`` whatever decoding defaults the model ships with."""
+    import torch
+
+    from grpo_kit.evaluate import generate_hf
     from grpo_kit.models import load_inference_model
 
     model, tokenizer = load_inference_model(str(tiny_model_dir))
     prompts = ["Hello", [{"role": "user", "content": "What is 2+2?"}]]
-    sample = sampling.hf_sampler(model, tokenizer, max_new_tokens=6, batch_size=2, seed=3, progress=False)
-    first = sample(prompts, 3)
-    assert [len(group) for group in first] == [3, 3]
-    assert all(isinstance(text, str) for group in first for text in group)
-    assert len(set(first[0])) > 1  # sampled, not greedy
-    assert sample(prompts, 3) == first  # same seed, same answers
-
-
-@pytest.mark.slow
-def test_hf_sampler_draws_through_the_shared_generate_loop(tiny_model_dir):
-    """Same seed, same draws as ``machinery.generation.generate_hf``, whatever decoding defaults the model ships with."""
-    import torch
-
-    from grpo_kit.machinery.generation import generate_hf
-    from grpo_kit.models import load_inference_model
-
-    model, tokenizer = load_inference_model(str(tiny_model_dir))
-    prompts = ["Hello", "What is 2+2?"]
+    first = sample_answers(model, tokenizer, prompts, samples=3, max_new_tokens=6, batch_size=2, seed=3, progress=False)
+    assert [len(group) for group in first] == [3, 3] and len(set(first[0])) > 1  # sampled, not greedy
+    assert sample_answers(model, tokenizer, prompts, samples=3, max_new_tokens=6, batch_size=2, seed=3,
+                          progress=False) == first
     torch.manual_seed(3)
-    direct = generate_hf(model, tokenizer, prompts, max_new_tokens=6, batch_size=4, num_samples=2, temperature=0.9,
-                         progress=False)
+    direct = generate_hf(model, tokenizer, ["Hello", "Hi"], max_new_tokens=6, batch_size=4, num_samples=2,
+                         temperature=0.9, progress=False)
     model.generation_config.num_beams, model.generation_config.typical_p = 2, 0.5  # a model's own defaults
-    drawn = sampling.hf_sampler(model, tokenizer, max_new_tokens=6, temperature=0.9, seed=3, progress=False)(prompts, 2)
+    drawn = sample_answers(model, tokenizer, ["Hello", "Hi"], samples=2, max_new_tokens=6, temperature=0.9, seed=3,
+                           progress=False)
     assert drawn == [[text for text, _ in group] for group in direct]
 
 
 @pytest.mark.slow
 def test_cli_curriculum_writes_scores_next_to_the_data(tiny_model_dir, tmp_path, capsys):
     from grpo_kit.cli import main
-    from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
+    from grpo_kit.data import make_arithmetic_dataset
 
     data = tmp_path / "train.jsonl"
     rows = make_arithmetic_dataset(3, seed=0).to_list()
@@ -322,9 +353,9 @@ def _char_code_reward_for(flat_questions):
 def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_dir, tmp_path, monkeypatch):
     """Real TRL runs: half the questions can only ever score 0. Dropping them (from scores) removes the flat groups
     TRL reports, and the curriculum order is the order TRL trains on."""
-    from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
-    from grpo_kit.machinery.metrics import read_metrics
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.callbacks import read_metrics
+    from grpo_kit.config import load_recipe
+    from grpo_kit.data import make_arithmetic_dataset
     from grpo_kit.rewards import REWARDS
     from grpo_kit.train import train
 
@@ -339,16 +370,15 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
         for i, q in enumerate(questions)
     ]
     path = write_scores(tmp_path / "scores.jsonl", scores)
-    preset = load_recipe(
-        "cpu", model=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=4,
+    recipe = load_recipe(
+        "cpu", model_name_or_path=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=4,
         gradient_accumulation_steps=1, max_completion_length=8, few_shot=0, save_steps=10, logging_steps=1,
+        reward_funcs=["toy"], reward_weights=[1.0],
     )
-    baseline = train(preset, dataset=dataset, overrides={"rewards": "toy"}, output_dir=tmp_path / "base")
+    baseline = train(recipe, dataset=dataset, output_dir=tmp_path / "base")
     seen.clear()
-    filtered = train(
-        preset, dataset=dataset, overrides={"rewards": "toy"}, output_dir=tmp_path / "drop",
-        curriculum=Curriculum(str(path), order="entropy", zero_variance="drop"),
-    )
+    filtered = train(recipe, dataset=dataset, output_dir=tmp_path / "drop",
+                     curriculum=Curriculum(str(path), order="entropy", zero_variance="drop"))
     before = [row["frac_reward_zero_std"] for row in read_metrics(baseline.metrics_path)]
     after = [row["frac_reward_zero_std"] for row in read_metrics(filtered.metrics_path)]
     assert sum(before) > 0 and after == [0.0, 0.0, 0.0]  # measured: before [0.5, 0.0, 0.5]
@@ -356,3 +386,4 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
     assert seen[0] == [kept[0]] * 2 + [kept[1]] * 2  # step 1 trains the two lowest-entropy kept questions
     run_info = json.loads((filtered.run_dir / "run.json").read_text())
     assert run_info["curriculum"]["zero_variance_questions"] == 4 and run_info["curriculum"]["kept"] == 4
+    assert run_info["recipe"].get("shuffle_dataset") is False  # the curriculum's one GRPOConfig change, recorded

@@ -10,19 +10,19 @@ from fractions import Fraction
 
 import pytest
 
+from grpo_kit import data
 from grpo_kit.answers import extract_tagged_answer
 from grpo_kit.data import (
     FEW_SHOT_EXAMPLES,
     SYSTEM_PROMPT,
     build_messages,
+    extract_gsm8k_answer,
     format_for_grpo,
     load_gsm8k,
+    make_arithmetic_dataset,
     render_prompt,
 )
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import arithmetic, data_sources
-from grpo_kit.machinery.arithmetic import make_arithmetic_dataset
-from grpo_kit.machinery.data_sources import extract_gsm8k_answer
 
 GOOD = "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"
 
@@ -271,7 +271,7 @@ def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
     text = str(caught[0].message)
     assert "skipped 5 bad row" in text and "line 2" in text
     # one note per skipped row, up to the cap
-    assert len(text.split("First notes: ")[1].split("; ")) == data_sources.MAX_REASONS
+    assert len(text.split("First notes: ")[1].split("; ")) == data.MAX_REASONS
 
 
 def test_all_rows_bad_is_an_error_even_when_lenient(tmp_path):
@@ -402,6 +402,7 @@ def test_build_messages_structure():
     assert messages[-1]["content"] == "Q?"
     assert build_messages("Q?", system_prompt="")[0] == {"role": "user", "content": "Q?"}
     assert build_messages("Q?", system_prompt="Be brief.")[0]["content"] == "Be brief."
+    assert build_messages("Q?", system_prompt=None) == build_messages("Q?")  # None: the kit's prompt (recipes' default)
 
 
 @pytest.mark.parametrize("few_shot", [-1, len(FEW_SHOT_EXAMPLES) + 1])
@@ -410,8 +411,11 @@ def test_build_messages_rejects_bad_few_shot(few_shot):
         build_messages("Q?", few_shot=few_shot)
 
 
-def test_system_prompt_names_the_format():
-    assert all(tag in SYSTEM_PROMPT for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+def test_the_format_the_system_prompt_shows_is_the_one_the_strict_reward_pays_for():
+    from grpo_kit.rewards import REWARDS
+
+    shown = SYSTEM_PROMPT.split("Use exactly this format:\n", 1)[1]
+    assert REWARDS["strict_format"]([shown]) == [0.5] and REWARDS["format"]([shown]) == [0.5]
 
 
 _STEP = re.compile(r"(-?\d+(?:\.\d+)?(?: [-+*/] -?\d+(?:\.\d+)?)+) = (-?\d+(?:\.\d+)?)")
@@ -551,7 +555,7 @@ def test_arithmetic_is_labelled_synthetic():
 
 def test_arithmetic_splits_are_disjoint():
     train, test = load_gsm8k("arithmetic", "train"), load_gsm8k("arithmetic", "test")
-    assert len(train) == arithmetic.ARITHMETIC_SIZES["train"] and len(test) == arithmetic.ARITHMETIC_SIZES["test"]
+    assert len(train) == data.ARITHMETIC_SIZES["train"] and len(test) == data.ARITHMETIC_SIZES["test"]
     assert not set(train["question"]) & set(test["question"])
 
 

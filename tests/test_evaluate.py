@@ -10,10 +10,8 @@ import grpo_kit.evaluate as evaluate_module
 from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import EvalResult, evaluate, evaluate_before_after, majority_vote
-from grpo_kit.machinery import generation
-from grpo_kit.machinery.eval_report import compare, plot_before_after
-from grpo_kit.machinery.reward_specs import score_completions
+from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, majority_vote, stop_token_ids
+from grpo_kit.rewards import score_completions
 
 _score_row = evaluate_module._score_row
 ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",
@@ -68,8 +66,8 @@ def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each
     from types import SimpleNamespace
 
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
-    assert generation.stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
-    assert generation.stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
+    assert stop_token_ids(model, SimpleNamespace(eos_token_id=7)) == [2, 7]
+    assert stop_token_ids(object(), SimpleNamespace(eos_token_id=5)) == [5]  # no generation config
 
 
 @pytest.fixture
@@ -89,9 +87,9 @@ def test_generate_hf_ignores_the_models_own_decoding_defaults(tiny, with_model_d
     """transformers fills unset decoding settings from model.generation_config; the protocol must not move with it."""
     model, tokenizer = tiny
     prompts = evaluate_module.build_prompts(["What is 2 + 3?", "Name a fruit."], tokenizer)
-    plain = generation.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
+    plain = evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False)
     with_model_defaults()
-    assert generation.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
+    assert evaluate_module.generate_hf(model, tokenizer, prompts, max_new_tokens=8, progress=False) == plain
 
 
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
@@ -140,6 +138,19 @@ def test_compare_table_shows_both_protocols():
     assert "accuracy (lenient)        10.0 %      12.0 %     +2.0" in table
     assert "format rate                0.0 %      90.0 %    +90.0" in table
     assert "protocol: same" in table
+    assert "paired" not in table  # no rows: nothing to pair
+
+
+def test_compare_pairs_the_same_questions_and_tests_the_change():
+    def result(right):
+        rows = tuple({"question": f"q{i}", "correct_strict": r} for i, r in enumerate(right))
+        return EvalResult(sum(right) / len(right), 0.0, 0.0, 1.0, n=len(right), seed=0, protocol="p", rows=rows)
+
+    table = compare(result([False] * 80 + [True] * 20), result([False] * 60 + [True] * 40))
+    assert "change +20.0 points" in table and "zero is outside it" in table
+    assert "McNemar exact: 20 questions gained, 0 lost" in table
+    unchanged = compare(result([True, False] * 10), result([True, False] * 10))
+    assert "zero is NOT outside it" in unchanged and "p = 1" in unchanged
 
 
 @pytest.mark.slow
@@ -164,6 +175,8 @@ def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make
     assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
     assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
     assert [r["completion"] for r in base.rows] != [r["completion"] for r in tuned.rows]
+    from grpo_kit.plots import plot_before_after
+
     path = plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
     assert path.stat().st_size > 1000
 

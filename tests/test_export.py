@@ -14,13 +14,11 @@ import pytest
 from peft.tuners.tuners_utils import BaseTuner
 
 import grpo_kit.export as export_module
-import grpo_kit.machinery.gguf_export as gguf_module
+import grpo_kit.gguf as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import export, parse_formats
-from grpo_kit.machinery import export_checks, hub
-from grpo_kit.machinery.export_info import normalize_evals
+from grpo_kit.export import Reference, check_logits, default_name, export, parse_formats, push_folder, read_evals
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -31,14 +29,12 @@ def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     """A run folder like train writes: run.json, metrics.jsonl, adapter/."""
     run = tmp_path_factory.mktemp("run")
     make_adapter(tiny_model_dir, run / "adapter")
-    info = {
-        "recipe": {"name": "cpu", "model": {"id": "m", "lora_rank": 4, "lora_alpha": 8},
-                   "prompt": {"few_shot": 1, "prefill": "<think>\n"},
-                   "grpo": {"num_generations": 4, "learning_rate": 5e-4, "max_steps": 12}},
-        "model": str(tiny_model_dir),
+    info = {  # as grpo_kit.runs.write_run_info writes it: the recipe's flat values
+        "recipe": {"name": "cpu", "model_name_or_path": str(tiny_model_dir), "lora_r": 4, "lora_alpha": 8,
+                   "few_shot": 1, "prefill": "<think>\n", "num_generations": 4, "learning_rate": 5e-4, "max_steps": 12},
         "data": "sample",
-        "rewards": ["tag_progress", "correctness"],
-        "overrides": {},
+        "reward_names": ["tag_progress", "correctness"],
+        "versions": {"trl": "1.15.0"},
     }
     (run / "run.json").write_text(json.dumps(info))
     (run / "metrics.jsonl").write_text("\n".join(json.dumps({"step": s, "reward": 0.1 * s}) for s in range(1, 8)))
@@ -49,13 +45,16 @@ def _files(folder):
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def test_parse_formats_and_names():
+def test_parse_formats_and_names(tmp_path):
     assert parse_formats("gguf,lora") == ("lora", "gguf")
     assert parse_formats(["merged16"]) == ("merged16",)
     with pytest.raises(GrpoKitError, match="lora, merged16, gguf"):
         parse_formats("merged_4bit")
-    with pytest.raises(GrpoKitError):
-        gguf_module.check_gguf_type("q4_k_m")
+    assert gguf_module.parse_gguf_types("Q8_0, f16,q8_0") == ["q8_0", "f16"]
+    with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
+        gguf_module.parse_gguf_types("q3_k_s")
+    assert default_name(tmp_path / "my-run" / "adapter") == "my-run"
+    assert default_name(tmp_path / "my-run" / "checkpoint-40") == "my-run-checkpoint-40"
 
 
 def test_permute_rotary_is_what_transformers_undoes():
@@ -73,21 +72,32 @@ def test_permute_rotary_is_what_transformers_undoes():
     assert not np.array_equal(gguf_module.permute_rotary(q, 4), q)
 
 
-def test_unsupported_architectures_are_refused_with_a_way_out():
-    with pytest.raises(GrpoKitError, match="llama architecture only.*save_pretrained_gguf"):
-        gguf_module.check_supported(SimpleNamespace(model_type="qwen2"))
-    with pytest.raises(GrpoKitError, match="Rope scaling"):
-        gguf_module.check_supported(SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "llama3"}))
+def test_unsupported_models_and_types_are_refused_with_a_way_out(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    for config in (SimpleNamespace(model_type="qwen2"), SimpleNamespace(model_type="llama",
+                                                                        rope_parameters={"rope_type": "llama3"})):
+        with pytest.raises(GrpoKitError, match="llama architecture only.*save_pretrained_gguf"):
+            gguf_module.write_gguf(SimpleNamespace(config=config), tokenizer, tmp_path / "x.gguf", "q8_0")
+    llama = SimpleNamespace(model_type="llama")
+    assert "k-quants" in gguf_module.cpu_writer_problem(llama, tokenizer, ["q4_k_m"])
+    assert gguf_module.cpu_writer_problem(llama, tokenizer, ["f16", "q8_0"]) is None
+    other = AutoTokenizer.from_pretrained(tiny_model_dir)
+    other.add_tokens(["<extra-token>"])
+    assert "tokenizer differs" in gguf_module.cpu_writer_problem(llama, other, ["q8_0"])
+    assert not (tmp_path / "x.gguf").exists()
 
 
-def test_normalize_evals_accepts_results_dicts_and_files(tmp_path):
+def test_read_evals_accepts_results_dicts_and_files(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
     path = result.save(tmp_path / "eval_after.json")
-    evals = normalize_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path})
+    evals = read_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path})
     assert evals["after"]["accuracy_lenient"] == 0.5 and evals["before"]["n"] == 4
-    assert normalize_evals(result) == {"eval": result.to_dict()}
+    assert read_evals(result) == {"eval": result.to_dict()}
+    assert read_evals(path) == {"eval_after": result.to_dict()}
     with pytest.raises(GrpoKitError, match="not found"):
-        normalize_evals(tmp_path / "missing.json")
+        read_evals(tmp_path / "missing.json")
 
 
 def test_check_logits_rules(tmp_path):
@@ -97,16 +107,19 @@ def test_check_logits_rules(tmp_path):
     torch.manual_seed(0)
     base = (torch.randn(5, 50) * 10,)
     tuned = (base[0] + torch.randn(5, 50),)
-    reference = export_checks.Reference(((1, 2, 3, 4, 5),), tuned, base)
+    reference = Reference(((1, 2, 3, 4, 5),), tuned, base)
     noisy = (tuned[0] + 0.01 * torch.randn(5, 50),)
-    ok = export_checks.check_logits("merged16", "merged16:bfloat16", noisy, reference, path=tmp_path, detail="d")
+    ok = check_logits("merged16", "bfloat16", noisy, reference, path=tmp_path, detail="d")
     assert ok.max_abs_diff <= ok.tolerance and ok.lora_effect > ok.tolerance and ok.note == ""
     with pytest.raises(GrpoKitError, match="LoRA weights are missing"):
-        export_checks.check_logits("merged16", "merged16:float16", base, reference, path=tmp_path, detail="d")
+        check_logits("merged16", "float16", base, reference, path=tmp_path, detail="d")
     with pytest.raises(GrpoKitError, match="exceeds the limit"):
-        export_checks.check_logits("lora", "lora", noisy, reference, path=tmp_path, detail="d")
-    no_op = export_checks.Reference(reference.prompts, base, base)
-    assert "no logit at all" in export_checks.check_logits("lora", "lora", base, no_op, path=tmp_path, detail="d").note
+        check_logits("lora", "float32", noisy, reference, path=tmp_path, detail="d")
+    no_op = Reference(reference.prompts, base, base)
+    assert "changes nothing" in check_logits("lora", "float32", base, no_op, path=tmp_path, detail="d").note
+    half = Reference(reference.prompts, tuned, base, dtype="float16")  # a 16-bit reference (GPU): looser limits
+    assert check_logits("lora", "float32", tuned, half, path=tmp_path, detail="d").tolerance == pytest.approx(
+        3 * check_logits("lora", "float32", tuned, reference, path=tmp_path, detail="d").tolerance)
 
 
 @pytest.mark.slow
@@ -129,7 +142,7 @@ def test_every_cpu_format_round_trips(run_dir, tmp_path):
     config = json.loads((target / "merged16" / "config.json").read_text())
     assert config["dtype"] == "bfloat16"  # float32 base stored as bf16 (documented choice)
     card = (target / "README.md").read_text()
-    assert "| preset | cpu |" in card and "| steps | 7 |" in card and "tag_progress" in card
+    assert "| recipe | cpu |" in card and "| steps | 7 |" in card and "tag_progress" in card
     assert f"{by_format['gguf'].max_abs_diff:.3g}" in card
     recorded = json.loads((target / "export.json").read_text())
     assert [f["format"] for f in recorded["formats"]] == ["lora", "gguf", "merged16"]
@@ -192,21 +205,27 @@ def test_model_card_has_the_eval_numbers_it_was_given(run_dir, tmp_path):
     assert "| before | 50 | 1.2 % | 3.4 % | 0.0 % | 61.0 |" in card
     assert "| after | 50 | 18.7 % | 24.3 % | 96.0 % | 44.0 |" in card
     assert "Protocol: bundled sample, strict/lenient" in card
-    assert "PeftModel.from_pretrained" in card
+    assert "PeftModel.from_pretrained" in card and "max_lora_rank=4" in card
 
 
 @pytest.mark.slow
 def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
+    from huggingface_hub import HfApi
+
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
     calls = []
 
-    def fake_upload(folder, repo, token):
-        calls.append((folder, repo, token))
-        return f"https://huggingface.co/{repo}"
+    def create_repo(api, repo_id, exist_ok=False):
+        calls.append(("create", repo_id, api.token))
+        return f"https://huggingface.co/{repo_id}"
 
-    monkeypatch.setattr(hub, "upload_folder", fake_upload)
+    def upload_folder(api, repo_id, folder_path, commit_message):
+        calls.append(("upload", repo_id, folder_path, api.token))
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     results = export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="pushed", push_to_hub="me/grpo-test")
-    assert calls == [(tmp_path / "pushed", "me/grpo-test", FAKE_TOKEN)]
+    assert calls == [("create", "me/grpo-test", FAKE_TOKEN), ("upload", "me/grpo-test", tmp_path / "pushed", FAKE_TOKEN)]
     assert results[0].hub_url == "https://huggingface.co/me/grpo-test"
     captured = capsys.readouterr()
     assert FAKE_TOKEN not in captured.out + captured.err
@@ -214,17 +233,18 @@ def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
         if path.is_file():
             assert FAKE_TOKEN.encode() not in path.read_bytes(), path
 
-    def failing_upload(folder, repo, token):
-        raise RuntimeError(f"401 Unauthorized for token {token}")
+    def failing_upload(api, repo_id, folder_path, commit_message):
+        raise RuntimeError(f"401 Unauthorized for token {api.token}")
 
-    monkeypatch.setattr(hub, "upload_folder", failing_upload)
+    monkeypatch.setattr(HfApi, "upload_folder", failing_upload)
     with pytest.raises(GrpoKitError) as error:
-        hub.push_folder(tmp_path / "pushed", "me/grpo-test")
+        push_folder(tmp_path / "pushed", "me/grpo-test")
     assert FAKE_TOKEN not in str(error.value) and "***" in str(error.value)
 
     monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no-token"))  # no `hf auth login`
     with pytest.raises(GrpoKitError, match="HF_TOKEN"):
-        hub.push_folder(tmp_path / "pushed", "me/grpo-test")
+        push_folder(tmp_path / "pushed", "me/grpo-test")
 
 
 @pytest.mark.slow

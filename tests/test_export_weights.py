@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.export_weights import check_gguf_weights, check_merged_weights, lora_deltas
+from grpo_kit.export import check_weights, lora_deltas
 
 
 def _merge(base_dir, adapter_dir, out, *, with_lora=True, dtype=torch.bfloat16):
@@ -30,22 +30,22 @@ def test_lora_deltas_name_the_base_tensors(tiny_model_dir, adapter):
     deltas = lora_deltas(adapter)
     base = load_file(str(next(tiny_model_dir.glob("*.safetensors"))))
     assert deltas and set(deltas) <= set(base)
-    name = next(iter(deltas))
-    assert deltas[name].shape == base[name].shape
+    for name, delta in deltas.items():
+        assert delta().shape == base[name].shape and float(delta().abs().max()) > 0
 
 
 def test_a_true_merge_passes_and_says_what_was_compared(tmp_path, tiny_model_dir, adapter):
     _merge(tiny_model_dir, adapter, tmp_path / "merged")
-    result = check_merged_weights(tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
+    result = check_weights("merged16", tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
     assert result.max_abs_diff <= result.tolerance
     assert result.mean_abs_diff < result.mean_abs_diff_base
-    assert "changed by it" in result.detail and result.lora_effect > 0
+    assert "weights, not logits" in result.detail and result.lora_effect > 0
 
 
 def test_a_merge_without_the_lora_fails(tmp_path, tiny_model_dir, adapter):
     _merge(tiny_model_dir, adapter, tmp_path / "plain", with_lora=False)
     with pytest.raises(GrpoKitError, match="LoRA is missing|limit"):
-        check_merged_weights(tmp_path / "plain", tiny_model_dir, adapter, "bfloat16")
+        check_weights("merged16", tmp_path / "plain", tiny_model_dir, adapter, "bfloat16")
 
 
 def test_a_damaged_or_missing_tensor_fails(tmp_path, tiny_model_dir, adapter):
@@ -57,7 +57,7 @@ def test_a_damaged_or_missing_tensor_fails(tmp_path, tiny_model_dir, adapter):
     del tensors["model.norm.weight"]
     save_file(tensors, str(path), metadata={"format": "pt"})
     with pytest.raises(GrpoKitError) as error:
-        check_merged_weights(tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
+        check_weights("merged16", tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
     assert name in str(error.value) and "model.norm.weight is missing" in str(error.value)
 
 
@@ -65,15 +65,16 @@ def test_a_damaged_or_missing_tensor_fails(tmp_path, tiny_model_dir, adapter):
 def test_gguf_of_a_true_merge_passes_and_of_the_base_fails(tmp_path, tiny_model_dir, adapter, gguf_type):
     from transformers import AutoTokenizer
 
-    from grpo_kit.machinery.gguf_export import write_gguf
+    from grpo_kit.gguf import write_gguf
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     merged = _merge(tiny_model_dir, adapter, tmp_path / "merged", dtype=torch.float32)
     good = write_gguf(merged, tokenizer, tmp_path / f"good-{gguf_type}.gguf", gguf_type)
-    result = check_gguf_weights(good, tiny_model_dir, adapter, gguf_type)
-    assert result.max_abs_diff <= result.tolerance and "blocks 0 and 1" in result.detail
+    result = check_weights("gguf", good, tiny_model_dir, adapter, gguf_type)
+    assert result.max_abs_diff <= result.tolerance and "first and last block" in result.detail
+    assert result.mean_abs_diff < result.mean_abs_diff_base
 
     base = _merge(tiny_model_dir, adapter, tmp_path / "base", with_lora=False, dtype=torch.float32)
     bad = write_gguf(base, tokenizer, tmp_path / f"bad-{gguf_type}.gguf", gguf_type)
     with pytest.raises(GrpoKitError, match="LoRA is missing|limit"):
-        check_gguf_weights(bad, tiny_model_dir, adapter, gguf_type)
+        check_weights("gguf", bad, tiny_model_dir, adapter, gguf_type)

@@ -1,13 +1,15 @@
-"""Folders and files written in one piece: a failure never leaves a half-written target nor loses the old one."""
+"""Run folders and files written in one piece: a failure never leaves a half-written target nor loses the old one."""
 
 from __future__ import annotations
 
+import json
 import os
+from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.machinery import folders
-from grpo_kit.machinery.folders import atomic_write_text, staged_dir
+from grpo_kit import runs
+from grpo_kit.runs import atomic_write_text, staged_dir
 
 
 def _tree(folder):
@@ -54,18 +56,11 @@ def test_a_failed_rename_puts_the_old_folder_back(old_export, monkeypatch):
             raise OSError(28, "No space left on device")
         return real_rename(src, dst)
 
-    monkeypatch.setattr(folders.os, "rename", rename)
+    monkeypatch.setattr(runs.os, "rename", rename)
     with pytest.raises(OSError), staged_dir(old_export) as staging:
         (staging / "weights.bin").write_text("new")
     assert _tree(old_export) == {"weights.bin": "old"}
     assert [p.name for p in old_export.parent.iterdir()] == ["model"]
-
-
-def test_keep_old_sets_the_previous_folder_aside_instead_of_deleting_it(old_export):
-    with staged_dir(old_export, keep_old=True) as staging:
-        (staging / "weights.bin").write_text("new")
-    kept = [p for p in old_export.parent.iterdir() if p.name.startswith("model.old-")]
-    assert _tree(old_export) == {"weights.bin": "new"} and [_tree(p) for p in kept] == [{"weights.bin": "old"}]
 
 
 def test_a_fixed_staging_name_replaces_a_killed_runs_leftover(tmp_path):
@@ -78,19 +73,95 @@ def test_a_fixed_staging_name_replaces_a_killed_runs_leftover(tmp_path):
     assert _tree(tmp_path) == {"adapter/adapter.bin": "new"}
 
 
+def test_set_aside_renames_and_never_overwrites(tmp_path):
+    folder = tmp_path / "train"
+    for content in ("first", "second"):
+        folder.mkdir()
+        (folder / "run.json").write_text(content)
+        runs.set_aside(folder)
+    kept = sorted(tmp_path.glob("train.old-*"))
+    assert not folder.exists() and sorted(_tree(p)["run.json"] for p in kept) == ["first", "second"]
+    assert runs.set_aside(tmp_path / "absent") is None
+    (tmp_path / "checkpoint-3").mkdir()
+    assert runs.set_aside(tmp_path / "checkpoint-3", prefix="damaged-").name.startswith("damaged-checkpoint-3.old-")
+
+
 def test_atomic_write_text_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     path = tmp_path / "scores.jsonl"
     atomic_write_text(path, "old\n")
-    monkeypatch.setattr(folders.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
+    monkeypatch.setattr(runs.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
     with pytest.raises(OSError):
         atomic_write_text(path, "new\n")
     assert [p.name for p in tmp_path.iterdir()] == ["scores.jsonl"] and path.read_text() == "old\n"
 
 
 def test_checkpoints_are_the_numbered_trainer_folders_newest_first(tmp_path):
-    for name in ("checkpoint-9", "checkpoint-10", "damaged-checkpoint-12", "checkpoint-x", "adapter"):
+    from transformers.trainer_utils import get_last_checkpoint
+
+    for name in ("checkpoint-9", "checkpoint-10", "damaged-checkpoint-12", "checkpoint-x", "adapter",
+                 "checkpoint-13.old-20250101-000000"):
         (tmp_path / name).mkdir()
     (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
-    assert [(step, folder.name) for step, folder in folders.checkpoints(tmp_path)] == [
+    assert [(step, folder.name) for step, folder in runs.checkpoints(tmp_path)] == [
         (10, "checkpoint-10"), (9, "checkpoint-9")
     ]
+    assert get_last_checkpoint(str(tmp_path)) == str(runs.checkpoints(tmp_path)[0][1])  # the Trainer's own pick
+    assert runs.checkpoints(tmp_path / "missing") == []
+
+
+def test_check_writable_names_the_folder(tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the folder should be")
+    with pytest.raises(runs.GrpoKitError, match="Cannot write exports into .*file.*--out-dir"):
+        runs.check_writable(blocked / "sub", what="exports", option="--out-dir")
+
+
+def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_path, monkeypatch):
+    recipe = SimpleNamespace(values={"name": "cpu", "lora_r": 8, "hub_token": "hf_SECRET", "learning_rate": 1e-4})
+    written = []
+    monkeypatch.setattr(runs, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
+    runs.write_run_info(tmp_path, recipe, data="sample", reward_names=["correctness", "format_rate"])
+    assert written == [tmp_path / "run.json"]
+    info = runs.read_run_info(tmp_path)
+    assert info["recipe"] == {"name": "cpu", "lora_r": 8, "hub_token": "***", "learning_rate": 1e-4}
+    assert info["data"] == "sample" and info["reward_names"] == ["correctness", "format_rate"]
+    assert {"trl", "transformers", "peft"} <= set(info["versions"])
+    assert "hf_SECRET" not in (tmp_path / "run.json").read_text()
+
+
+@pytest.mark.parametrize("content", [None, b"{torn", b"\xff\xfe", b"[1, 2]"])
+def test_read_run_info_is_empty_when_unreadable(tmp_path, content):
+    if content is not None:
+        (tmp_path / "run.json").write_bytes(content)
+    assert runs.read_run_info(tmp_path) == {}
+
+
+def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
+    run_dir = tmp_path / "run"
+    assert runs.prepare_run_dir(run_dir, resume=False) is None
+    assert (run_dir / runs.LOCK_NAME).read_text() == str(os.getpid())
+    assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell run again
+    (run_dir / "notes.txt").write_text("kept")
+    with pytest.raises(runs.GrpoKitError, match="already has files.*--resume"):
+        runs.prepare_run_dir(run_dir, resume=False)
+    runs.release_run_lock(run_dir)
+    assert not (run_dir / runs.LOCK_NAME).exists() and (run_dir / "notes.txt").read_text() == "kept"
+
+
+def test_restored_final_adapter_is_the_checkpoints_weights_without_training_state(tmp_path, fake_checkpoint):
+    checkpoint = fake_checkpoint(tmp_path, 3)
+    adapter = runs.restore_final_adapter(tmp_path, checkpoint, True)
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    before = (adapter / "adapter_model.safetensors").read_bytes()
+    fake_checkpoint(tmp_path, 4)
+    assert runs.restore_final_adapter(tmp_path, tmp_path / "checkpoint-4", True) == adapter  # an adapter is kept
+    assert (adapter / "adapter_model.safetensors").read_bytes() == before
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+
+
+def test_weights_digest_tells_equal_weights_from_different_ones():
+    import torch
+
+    a = {"x": torch.ones(2), "y": torch.zeros(3)}
+    assert runs.weights_digest(a) == runs.weights_digest({"y": torch.zeros(3), "x": torch.ones(2)})
+    assert runs.weights_digest(a) != runs.weights_digest({**a, "x": torch.full((2,), 1.0 + 1e-6)})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.abc
+import importlib.machinery
 import importlib.util
 import sys
 import types
@@ -13,9 +14,8 @@ import pytest
 import torch
 
 from grpo_kit import models
+from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import backend, runtime
-from grpo_kit.recipes import load_recipe
 
 
 @pytest.fixture
@@ -26,20 +26,21 @@ def fake_t4(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (7, 5))
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda index: None, raising=False)  # GRPOConfig picks cuda:0
     return props
 
 
 def test_t4_is_not_reported_as_bf16(fake_t4):
-    device = runtime.detect_device()
+    device = models.detect_device()
     assert (device.kind, device.bf16) == ("cuda", False)
-    assert runtime.half_dtype_name() == "float16"
+    assert models.half_dtype_name() == "float16"
 
 
 def test_ampere_is_bf16(fake_t4, monkeypatch):
     fake_t4.major, fake_t4.minor = 8, 0
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
-    assert runtime.detect_device().bf16 is True
-    assert runtime.half_dtype_name() == "bfloat16"
+    assert models.detect_device().bf16 is True
+    assert models.half_dtype_name() == "bfloat16"
 
 
 # ------------------------------------------------------------------------------------------------ a fake Unsloth
@@ -71,7 +72,7 @@ class _ImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 @pytest.fixture
 def fake_unsloth(monkeypatch, fake_t4):
-    """A GPU box (the T4 above, made sm80) with a fake ``unsloth``; returns the record of what happened.
+    """A GPU box (the T4 above, made sm80) with a fake ``unsloth`` and an importable ``vllm``; returns the record.
 
     ``record.loads``: kwargs of each ``FastLanguageModel.from_pretrained``; ``record.engine_error``: raised by a load
     with ``fast_inference=True`` (vLLM's engine failing to start); ``record.trainer``: ``(class, kwargs)`` of the
@@ -121,19 +122,22 @@ def fake_unsloth(monkeypatch, fake_t4):
         module.FastLanguageModel = FastLanguageModel
 
     monkeypatch.setattr(trl, "GRPOTrainer", PlainGRPOTrainer)
+    vllm = types.ModuleType("vllm")
+    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)  # what availability checks read
+    monkeypatch.setitem(sys.modules, "vllm", vllm)  # tests that need it missing set None
     monkeypatch.setitem(sys.modules, "unsloth", None)  # restored (removed) after the test
     del sys.modules["unsloth"]
     monkeypatch.setattr(sys, "meta_path", [_ImportHook(patch_trl), *sys.meta_path])
     return record
 
 
-def _train_on_fake_gpu(tiny_model_dir, tmp_path, **preset_changes):
+def _train_on_fake_gpu(tiny_model_dir, tmp_path, **changes):
     """``train()`` on the fake GPU up to the trainer's construction (fp32 and use_cpu, so TRL builds on a CPU)."""
     from grpo_kit.train import train
 
-    preset = load_recipe("cpu", backend="unsloth", model=str(tiny_model_dir), **preset_changes)
+    recipe = load_recipe("cpu", backend="unsloth", model_name_or_path=str(tiny_model_dir), use_cpu=True, **changes)
     with pytest.raises(_Stop):
-        train(preset, data="sample", output_dir=tmp_path / "run", overrides={"use_cpu": True})
+        train(recipe, data="sample", output_dir=tmp_path / "run")
 
 
 # ------------------------------------------------------------------------------------------------ 1. import order
@@ -147,16 +151,16 @@ def test_unsloth_backend_trains_with_unsloths_patched_trainer_and_config(fake_un
 
 
 def test_only_the_unsloth_backend_imports_unsloth(fake_unsloth):
-    assert backend.prepare_backend(load_recipe("cpu", backend="transformers")) == "transformers"
+    assert models.prepare_backend("transformers") == "transformers"
     assert fake_unsloth.imported is False
-    assert backend.prepare_backend(load_recipe("cpu", backend="unsloth")) == "unsloth"
+    assert models.prepare_backend("auto") == "unsloth"  # a GPU, no ZeRO-3
     assert fake_unsloth.imported is True
 
 
 def test_a_gpu_without_unsloth_is_told_how_to_install_it_or_use_transformers(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # `import unsloth` raises ImportError
     with pytest.raises(GrpoKitError, match="--set backend=transformers"):
-        backend.prepare_backend(load_recipe("a100-80gb"))
+        models.prepare_backend("auto")
 
 
 _IMPORT_ORDER_DRIVER = """
@@ -191,7 +195,7 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root)]),
            "FAKE_UNSLOTH_RECORD": str(record)}
     command = [sys.executable, "-c", _IMPORT_ORDER_DRIVER, "train", "--preset", "cpu", "--set", "backend=unsloth",
-               "--set", f"model.id={tiny_model_dir}", "--data", "sample", "--set", "max_steps=1",
+               "--set", f"model_name_or_path={tiny_model_dir}", "--data", "sample", "--set", "max_steps=1",
                "--output", str(tmp_path / "run"), "--set", "use_cpu=true"]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert record.is_file(), f"unsloth was never imported:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
@@ -201,9 +205,9 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
 # ------------------------------------------------------------------------------------------------ 3. dtype to Unsloth
 
 
-@pytest.mark.parametrize(("preset", "dtype"), [("t4-16gb", torch.float16), ("a100-80gb", torch.bfloat16)])
-def test_unsloth_loads_in_the_presets_precision(fake_unsloth, preset, dtype):
-    models.load_model(load_recipe(preset))
+@pytest.mark.parametrize(("recipe", "dtype"), [("t4-16gb", torch.float16), ("a100-80gb", torch.bfloat16)])
+def test_unsloth_loads_in_the_recipes_precision(fake_unsloth, recipe, dtype):
+    models.load_model(load_recipe(recipe))  # the fake card is sm80: the t4 recipe's fp16 must still win
     assert fake_unsloth.loads[-1]["dtype"] is dtype
 
 
@@ -252,7 +256,7 @@ def test_evaluating_a_tuned_model_on_vllm_generates_with_its_adapter(tuned_with_
 
 
 def test_chatting_with_a_tuned_model_on_vllm_uses_its_adapter(tuned_with_engine, tiny_model_dir):
-    from grpo_kit.machinery.chat import ask
+    from grpo_kit.evaluate import ask
 
     model, seen = tuned_with_engine
     ask(model, models.load_tokenizer(str(tiny_model_dir)), "What is 1 + 0?", stream=False)
@@ -306,12 +310,12 @@ def test_inference_model_on_a_cpu_stays_float32(monkeypatch):
 def test_server_mode_with_4bit_weights_is_refused_before_any_weights_load(fake_unsloth, tmp_path):
     from grpo_kit.train import train
 
-    preset = load_recipe("t4-16gb", vllm_mode="server")
+    recipe = load_recipe("t4-16gb", vllm_mode="server")
     with pytest.raises(GrpoKitError, match="4-bit") as error:
-        train(preset, data="sample", output_dir=tmp_path / "run")
+        train(recipe, data="sample", output_dir=tmp_path / "run")
     assert "load_in_4bit=false" in str(error.value) and "colocated" in str(error.value)
     with pytest.raises(GrpoKitError, match="4-bit"):
-        models.load_model(preset)
+        models.load_model(recipe)
     assert fake_unsloth.loads == [] and not (tmp_path / "run").exists()
 
 
@@ -352,41 +356,25 @@ def test_train_continues_without_vllm_when_the_engine_fails(fake_unsloth, tiny_m
     assert len(_vllm_off_lines(capsys)) == 1
 
 
-def test_train_continues_without_vllm_when_it_cannot_be_imported(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch,
-                                                                   capsys):
-
-    planned = []
-    import grpo_kit.machinery.planner as planner
-
-    check_device = planner.check_device
-    monkeypatch.setattr(planner, "check_device", lambda preset, device: (planned.append(preset),
-                                                                             check_device(preset, device)))
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_vllm_that_cannot_be_imported_is_refused_with_the_fix_before_any_load(fake_unsloth, monkeypatch, mode):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
-    _train_on_fake_gpu(tiny_model_dir, tmp_path, use_vllm=True)
-    assert [load["fast_inference"] for load in fake_unsloth.loads] == [False]  # no engine start was tried
-    assert fake_unsloth.trainer[1]["args"].use_vllm is False
-    assert planned[0].use_vllm is False  # the planner counted no vLLM memory
-    (line,) = _vllm_off_lines(capsys)
-    assert "cannot be imported (ModuleNotFoundError" in line and "requirements-colab.txt" in line
+    with pytest.raises(GrpoKitError, match="cannot be imported .*use_vllm: false"):
+        models.load_model(load_recipe("a100-80gb", vllm_mode=mode))
+    assert fake_unsloth.loads == []
 
 
-def test_server_mode_without_an_importable_vllm_is_refused(fake_unsloth, monkeypatch):
-    monkeypatch.setitem(sys.modules, "vllm", None)
-    with pytest.raises(GrpoKitError, match="drop --set vllm_mode=server"):
-        backend.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
-
-
-def test_use_vllm_false_reaches_train_as_an_override(monkeypatch):
+def test_use_vllm_false_reaches_train(fake_unsloth, monkeypatch):
     import grpo_kit.train as train_module
     from grpo_kit.cli import main
 
     seen = []
 
     def fake_train(recipe, **kwargs):
-        seen.append(recipe.with_overrides(kwargs["overrides"]))
+        seen.append(recipe)
         raise _Stop
 
     monkeypatch.setattr(train_module, "train", fake_train)
     with pytest.raises(_Stop):
         main(["train", "--preset", "a100-80gb", "--set", "use_vllm=false"])
-    assert seen[0].grpo["use_vllm"] is False and seen[0].name == "a100-80gb"
+    assert seen[0].grpo.use_vllm is False and seen[0].name == "a100-80gb"

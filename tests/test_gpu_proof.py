@@ -19,8 +19,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.machinery import planner
-from grpo_kit.recipes import load_recipe
+from grpo_kit import planner
+from grpo_kit.config import load_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 PROOF = ROOT / "benchmarks" / "gpu_proof.py"
@@ -75,10 +75,10 @@ def test_dry_run_caps_each_run_to_its_tier_card_and_forces_fp16_only_on_the_t4(d
     _, plan = dry_run
     for row in plan["runs"]:
         tier = load_recipe(row["tier"])
-        assert row["cap_gib"] == tier.vram_gb
-        assert row["precision"] == tier.precision
-        assert row["completion_tokens"] == tier.max_completion_length
-        assert row["batch"] == f"{tier.per_device_train_batch_size}x{tier.gradient_accumulation_steps}"
+        assert row["cap_gib"] == tier.kit.vram_gb
+        assert row["precision"] == proof.precision(tier)
+        assert row["completion_tokens"] == tier.grpo.max_completion_length
+        assert row["batch"] == f"{tier.grpo.per_device_train_batch_size}x{tier.grpo.gradient_accumulation_steps}"
     assert {r["precision"] for r in plan["runs"] if r["tier"] == "t4-16gb"} == {"fp16"}
 
 
@@ -154,18 +154,17 @@ def test_oom_row_renders_missing_figures_as_dashes():
 @pytest.mark.parametrize("tier", ["t4-16gb", "a100-80gb"])
 def test_prompts_are_padded_to_just_under_the_tier_prompt_budget(tier):
     from grpo_kit.data import format_for_grpo
-    from grpo_kit.machinery.embedded import embedded_model_path
-    from grpo_kit.models import load_tokenizer
+    from grpo_kit.models import embedded_model_path, load_tokenizer
 
     tokenizer = load_tokenizer(str(embedded_model_path()))
     preset = load_recipe(tier)
     rows = proof.full_length_dataset(preset, tokenizer, rows=4)
-    formatted, dropped = format_for_grpo(rows, tokenizer, few_shot=preset.few_shot, prefill=preset.prefill,
-                                         max_prompt_tokens=preset.max_prompt_length)
+    formatted, dropped = format_for_grpo(rows, tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
+                                         max_prompt_tokens=preset.kit.max_prompt_length)
     assert dropped == 0 and len(formatted) == 4
     text = tokenizer.apply_chat_template(formatted[0]["prompt"], add_generation_prompt=True, tokenize=False)
     tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-    assert preset.max_prompt_length - 8 <= tokens <= preset.max_prompt_length
+    assert preset.kit.max_prompt_length - 8 <= tokens <= preset.kit.max_prompt_length
 
 
 def _args(tmp_path, **kw):

@@ -1,4 +1,4 @@
-"""grpo_kit.machinery.harness: lm-evaluation-harness's GSM8K tasks on local data, wired through `grpo-kit eval --harness`.
+"""grpo_kit.evaluate's harness mode: lm-evaluation-harness's GSM8K tasks on local data, wired through `grpo-kit eval --harness`.
 
 lm-eval is an optional extra (`pip install grpo-kit[harness]`); the tests that run it are skipped without it.
 """
@@ -11,9 +11,8 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import harness
+from grpo_kit.evaluate import HarnessResult, evaluate_harness, task_config
 
 # GSM8K-format rows written for this test (not GSM8K questions): the answer keeps its "#### N" solution form.
 ROWS = [
@@ -37,15 +36,9 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def test_protocol_sentence_names_task_n_and_budget():
-    text = harness.harness_protocol("gsm8k", n=50, max_new_tokens=128, version="9.9")
-    assert "lm-evaluation-harness 9.9 task gsm8k" in text and "n=50" in text and "max_gen_toks=128" in text
-    assert "'#### N'" in text and "train split" in text
-
-
 def test_unknown_task_is_refused_with_the_choices():
     with pytest.raises(GrpoKitError, match="gsm8k, gsm8k_cot"):
-        harness.check_task("gsm8k_zeroshot")
+        evaluate_harness("embedded", None, task="gsm8k_zeroshot")
 
 
 def test_missing_lm_eval_names_the_extra(monkeypatch):
@@ -58,20 +51,7 @@ def test_missing_lm_eval_names_the_extra(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_lm_eval)
     with pytest.raises(GrpoKitError, match=r"grpo-kit\[harness\]"):
-        harness._import_lm_eval()
-
-
-def test_questions_are_written_as_gsm8k_json_lines(tmp_path, gsm8k_file):
-    dataset = load_gsm8k(str(gsm8k_file), split="test")
-    written = harness.write_questions(dataset, tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
-    assert [json.loads(line) for line in written] == [
-        {"question": row["question"], "answer": row["answer"].split("#### ")[1]} for row in ROWS
-    ]
-
-
-def test_scores_are_read_from_both_filters():
-    results = {"results": {"gsm8k": {"exact_match,strict-match": 0.25, "exact_match,flexible-extract": 0.5}}}
-    assert harness._scores(results, "gsm8k") == (0.25, 0.5)
+        evaluate_harness("embedded", None)
 
 
 # ------------------------------------------------------------------------------------------ with lm-eval installed
@@ -89,7 +69,7 @@ def manager():
 
 
 def test_task_config_reads_local_files_instead_of_the_hub(manager, gsm8k_file, tmp_path):
-    config = harness.task_config("gsm8k_cot", manager, tmp_path / "test.jsonl", None)
+    config = task_config("gsm8k_cot", manager, tmp_path / "test.jsonl", None)
     assert config["task"] == "gsm8k_cot" and config["dataset_path"] == "json" and config["dataset_name"] is None
     assert config["dataset_kwargs"] == {"data_files": {"test": str(tmp_path / "test.jsonl")}}
     assert config["num_fewshot"] == 8  # the published protocol is kept
@@ -97,10 +77,10 @@ def test_task_config_reads_local_files_instead_of_the_hub(manager, gsm8k_file, t
 
 def test_gsm8k_task_needs_the_train_split_for_its_examples(manager, gsm8k_file, tmp_path):
     with pytest.raises(GrpoKitError, match="--fewshot-data"):
-        harness.task_config("gsm8k", manager, tmp_path / "test.jsonl", None)
+        task_config("gsm8k", manager, tmp_path / "test.jsonl", None)
     with pytest.raises(GrpoKitError, match="not found"):
-        harness.task_config("gsm8k", manager, tmp_path / "test.jsonl", tmp_path / "missing.jsonl")
-    config = harness.task_config("gsm8k", manager, tmp_path / "test.jsonl", gsm8k_file)
+        task_config("gsm8k", manager, tmp_path / "test.jsonl", tmp_path / "missing.jsonl")
+    config = task_config("gsm8k", manager, tmp_path / "test.jsonl", gsm8k_file)
     assert config["dataset_kwargs"]["data_files"] == {"test": str(tmp_path / "test.jsonl"), "train": str(gsm8k_file)}
 
 
@@ -144,14 +124,19 @@ def test_cli_refuses_maj_with_the_harness(gsm8k_file, capsys):
 
 
 @pytest.mark.parametrize(
-    ("adapter", "compare", "expected"),
-    [(None, False, {"base": None}), ("a", False, {"tuned": "a"}), ("a", True, {"base": None, "tuned": "a"})],
+    ("flags", "expected"),
+    [([], {"h.json": ("base", None)}), (["--adapter", "a"], {"h.json": ("tuned", "a")}),
+     (["--adapter", "a", "--compare"], {"h.json": ("tuned", "a"), "h-base.json": ("base", None)})],
 )
-def test_runs_follow_the_kit_eval_naming(adapter, compare, expected, tmp_path):
-    args = type("Args", (), {"adapter": adapter, "compare": compare})()
-    runs = harness._runs(args)
-    assert runs == expected
-    names = {name: harness._out_path(tmp_path / "h.json", name, runs).name for name in runs}
-    assert names == (
-        {"base": "h.json"} if adapter is None else {"tuned": "h.json", **({"base": "h-base.json"} if compare else {})}
-    )
+def test_runs_follow_the_kit_eval_naming(flags, expected, gsm8k_file, tmp_path, monkeypatch):
+    """--compare evaluates base and tuned; --out holds the tuned (or only) result, <stem>-base.json the base one."""
+    def fake(model, dataset, *, adapter, label, **kwargs):
+        return HarnessResult("gsm8k_cot", 0.0, 0.0, len(dataset), f"adapter={adapter}", label)
+
+    monkeypatch.setattr("grpo_kit.evaluate.evaluate_harness", fake)
+    monkeypatch.setattr("grpo_kit.evaluate.run_settings", lambda model, adapter: ("embedded", {}))
+    out = tmp_path / "out" / "h.json"
+    assert main(["eval", "--harness", "gsm8k_cot", "--data", str(gsm8k_file), "--out", str(out), *flags]) == 0
+    written = {p.name: json.loads(p.read_text()) for p in out.parent.iterdir()}
+    assert {name: (r["label"], r["protocol"]) for name, r in written.items()} == {
+        name: (label, f"adapter={adapter}") for name, (label, adapter) in expected.items()}

@@ -25,7 +25,6 @@ import pytest
 
 from grpo_kit.cli import main
 from grpo_kit.export import export
-from grpo_kit.machinery import hub
 
 FAKE_TOKEN = "hf_GrpoKitReliabilityFAKE0123456789abcdefXYZ"
 #: Files HF Trainer writes into checkpoints that are training state, not weights (optimizer moments, LR schedule,
@@ -79,16 +78,18 @@ def shared(tiny_model_dir, tmp_path_factory):
     """The whole user journey with a fake token set; returns the folders, the exit codes and everything printed."""
     root = tmp_path_factory.mktemp("journey")
     run_dir, exports = root / "run", root / "exports"
-    tiny = ["--preset", "cpu", "--set", f"model.id={tiny_model_dir}", "--data", "arithmetic", "--set", "rewards=format",
-            "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
+    tiny = ["--preset", "cpu", "--set", f"model_name_or_path={tiny_model_dir}", "--data", "arithmetic",
+            "--set", "reward_funcs=format", "--set", "reward_weights=[1]", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
             "--set", "few_shot=0", "--set", "save_steps=1", "--set", "max_steps=2"]  # fmt: skip
 
-    def leaky_upload(folder, repo, token):  # a server error that echoes the credentials back
-        raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={token})")
+    def leaky_create_repo(api, repo_id, **kwargs):  # a server error that echoes the credentials back
+        raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={api.token})")
 
     with pytest.MonkeyPatch.context() as patch:
+        from huggingface_hub import HfApi
+
         patch.setenv("HF_TOKEN", FAKE_TOKEN)
-        patch.setattr(hub, "upload_folder", leaky_upload)
+        patch.setattr(HfApi, "create_repo", leaky_create_repo)
         with capture_everything(root / "fd-output.txt") as output:
             codes = {
                 "train": main(["train", *tiny, "--output", str(run_dir)]),
@@ -96,8 +97,8 @@ def shared(tiny_model_dir, tmp_path_factory):
                                 "--out-dir", str(exports), "--name", "tiny"]),  # fmt: skip
                 "push": main(["export", "--adapter", str(run_dir / "adapter"), "--out-dir", str(exports),
                               "--name", "pushed", "--push-to-hub", "someone/grpo-kit-test"]),  # fmt: skip
-                "bad_model": main(["train", *tiny[:2], "--set", "model.id=someone/private-model", "--data", "sample",
-                                   "--output", str(root / "never")]),  # fmt: skip
+                "bad_model": main(["train", *tiny[:2], "--set", "model_name_or_path=someone/private-model",
+                                   "--data", "sample", "--output", str(root / "never")]),  # fmt: skip
             }
             printed = output()
     return SimpleNamespace(run_dir=run_dir, exports=exports, codes=codes, printed=printed)
@@ -133,21 +134,10 @@ def test_weights_are_safetensors_only(shared):
     assert "model.safetensors" in merged and not merged & {"pytorch_model.bin", "adapter_model.bin"}
 
 
-def test_trust_remote_code_is_off_unless_asked():
-    import inspect
-
+def test_trust_remote_code_is_off_unless_asked(monkeypatch):
+    """Every loader leaves a model's own Python code unrun: no trust_remote_code=True reaches from_pretrained."""
     import grpo_kit.models as models
-
-    for function in (models.load_model, models.load_inference_model, models.load_tokenizer, models._load_transformers):
-        assert inspect.signature(function).parameters["trust_remote_code"].default is False, function
-    package = Path(models.__file__).parent
-    for source in sorted(package.glob("*.py")):
-        text = source.read_text(encoding="utf-8")
-        assert "trust_remote_code=True" not in text, source
-
-
-def test_loaders_pass_trust_remote_code_false(monkeypatch):
-    import grpo_kit.models as models
+    from grpo_kit.config import load_recipe
 
     seen = []
 
@@ -155,15 +145,15 @@ def test_loaders_pass_trust_remote_code_false(monkeypatch):
         pass
 
     def record(cls, model_id, **kwargs):
-        seen.append(kwargs.get("trust_remote_code", "missing"))
+        seen.append(kwargs.get("trust_remote_code", False))
         raise Stop
 
     monkeypatch.setattr(models, "_from_pretrained", record)
-    with pytest.raises(Stop):
-        models.load_inference_model("someone/model")
-    with pytest.raises(Stop):
-        models._load_transformers(None, "someone/model", cuda=False)
-    assert seen == [False, False]
+    for load in (lambda: models.load_inference_model("someone/model"), lambda: models.load_tokenizer("someone/model"),
+                 lambda: models.load_model(load_recipe("cpu", model_name_or_path="someone/model"))):
+        with pytest.raises(Stop):
+            load()
+    assert seen == [False, False, False]
 
 
 _KILLED_EXPORT = textwrap.dedent(
@@ -205,7 +195,7 @@ def test_sigkilled_export_leaves_nothing_that_looks_complete(shared, tmp_path):
 
 
 def test_staging_of_a_live_export_is_left_alone(tmp_path):
-    from grpo_kit.machinery.folders import remove_stale_staging, staging_prefix
+    from grpo_kit.runs import remove_stale_staging, staging_prefix
 
     live = tmp_path / (staging_prefix("x") + "abc")  # this process: alive
     dead = tmp_path / ".x.partial-999999999-abc"  # no such pid

@@ -14,13 +14,13 @@ import socket
 
 import pytest
 
+from grpo_kit.callbacks import check_dataset_size
 from grpo_kit.cli import main
+from grpo_kit.config import load_recipe
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.guards import check_dataset_size
-from grpo_kit.machinery.runtime import DeviceInfo
-from grpo_kit.recipes import load_recipe
-from grpo_kit.train import build_grpo_config, train
+from grpo_kit.models import DeviceInfo
+from grpo_kit.train import train
 
 MAX_ERROR_LINES = 15
 TINY_SET = ["--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0"]
@@ -101,7 +101,7 @@ def test_windows_files_with_bom_and_crlf_load(tmp_path):
 
 
 def _config(tmp_path, **changes):
-    return build_grpo_config(load_recipe("cpu", **changes), tmp_path, on_cpu=True)
+    return load_recipe("cpu", output_dir=str(tmp_path), **changes).grpo
 
 
 def test_too_few_prompts_for_one_step_is_refused(tmp_path):
@@ -133,10 +133,10 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
     ]
     path = tmp_path / "huge.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    preset = load_recipe("cpu", model=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
-                        few_shot=0, max_completion_length=8)  # fmt: skip
+    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
+                         few_shot=0, max_completion_length=8)
     with pytest.raises(GrpoKitError) as info:
-        train(preset, data=str(path), output_dir=tmp_path / "run")
+        train(recipe, data=str(path), output_dir=tmp_path / "run")
     message = str(info.value)
     assert "has 1 usable prompt(s) after dropping 3 prompt(s) longer than max_prompt_length=512" in message
     assert "max_prompt_length" in message and str(path) in message
@@ -146,21 +146,27 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
 
 
 def test_bf16_on_a_t4_is_refused_through_train(tmp_path, monkeypatch, no_model_load):
-    import grpo_kit.machinery.runtime as runtime
+    import grpo_kit.models as models
 
-    monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "Tesla T4", 14.7, bf16=False))
-    with pytest.raises(GrpoKitError, match="no bf16 support.*precision=fp16.*t4-16gb"):
+    monkeypatch.setattr(models, "detect_device", lambda: DeviceInfo("cuda", "Tesla T4", 14.7, bf16=False))
+    with pytest.raises(GrpoKitError, match="no bf16.*--set bf16=false --set fp16=true.*t4-16gb"):
         train(load_recipe("l4-24gb"), data="sample", output_dir=tmp_path / "run")
 
 
-def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch, no_model_load):
-    import grpo_kit.machinery.runtime as runtime
+def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch):
+    import grpo_kit.models as models
+
+    class Loaded(Exception):
+        pass
+
+    def stop_at_model_load(*args, **kwargs):
+        raise Loaded
 
     # An 8 GB bf16 card asked to run the A100-80GB recipe (8B bf16 weights, 64 completions of 1024 tokens).
-    monkeypatch.setattr(runtime, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))
-    with pytest.warns(UserWarning, match="VRAM planner") as caught:
-        with pytest.raises(GrpoKitError):  # then this CPU-only machine cannot build a bf16 config either
-            train(load_recipe("a100-80gb"), data="sample", output_dir=tmp_path / "run")
+    monkeypatch.setattr(models, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))
+    monkeypatch.setattr(models, "load_model", stop_at_model_load)
+    with pytest.warns(UserWarning, match="VRAM planner") as caught, pytest.raises(Loaded):  # warned, then loading
+        train(load_recipe("a100-80gb"), data="sample", output_dir=tmp_path / "run")
     message = str(caught[0].message)
     assert "needs about" in message and "7.8 GiB" in message and "Try:" in message and "smaller preset" in message
 

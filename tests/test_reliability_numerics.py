@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.guards import (
+from grpo_kit.callbacks import (
     CheckedReward,
     NumericsError,
     NumericsGuard,
@@ -20,10 +19,11 @@ from grpo_kit.machinery.guards import (
     guard_rewards,
     is_finite_number,
     non_finite,
+    read_metrics,
 )
-from grpo_kit.machinery.metrics import read_metrics
-from grpo_kit.recipes import load_recipe
-from grpo_kit.train import build_grpo_config, train
+from grpo_kit.config import load_recipe
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
 
@@ -139,16 +139,16 @@ def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path, 
     assert "checkpoint-20" in message and "--resume" in message
 
 
-def test_nan_losses_reach_the_logs(tmp_path):
+def test_nan_losses_reach_the_logs():
     # transformers' default logging_nan_inf_filter would replace a NaN loss by the running mean before any callback.
-    assert build_grpo_config(load_recipe("cpu"), tmp_path, on_cpu=True).logging_nan_inf_filter is False
+    assert load_recipe("cpu").grpo.logging_nan_inf_filter is False
 
 
 # ------------------------------------------------------------------------------------------------ real runs
 
 
-def _tiny(tiny_model_dir, **changes):
-    settings = dict(model=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=2,
+def _tiny(tiny_model_dir, reward: str, **changes):
+    settings = dict(model_name_or_path=str(tiny_model_dir), reward_funcs=[reward], reward_weights=[1.0], max_steps=3, num_generations=2, per_device_train_batch_size=2,
                     gradient_accumulation_steps=1, max_completion_length=8, learning_rate=0.05, save_steps=1,
                     logging_steps=1, few_shot=0)  # fmt: skip
     settings.update(changes)
@@ -181,7 +181,7 @@ def test_nan_reward_stops_the_run_at_its_step(tiny_model_dir, tmp_path, monkeypa
     monkeypatch.setitem(REWARDS, "nan_after_first_step", nan_after_first_step)
     run_dir = tmp_path / "run"
     with pytest.raises(NumericsError) as info:
-        train(_tiny(tiny_model_dir), data="arithmetic", output_dir=run_dir, overrides={"rewards": "nan_after_first_step"})
+        train(_tiny(tiny_model_dir, "nan_after_first_step"), data="arithmetic", output_dir=run_dir)
     assert info.value.step == 2 and info.value.metric == "reward/nan_after_first_step"
     assert "checkpoint-1" in str(info.value)  # the last good checkpoint, to resume from
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1]
@@ -201,7 +201,7 @@ def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path, varied_reward):
 
     run_dir = tmp_path / "run"
     with pytest.raises(NumericsError) as info:
-        train(_tiny(tiny_model_dir), data="arithmetic", output_dir=run_dir, overrides={"rewards": varied_reward}, callbacks=(PoisonLoss(),))
+        train(_tiny(tiny_model_dir, varied_reward), data="arithmetic", output_dir=run_dir, callbacks=(PoisonLoss(),))
     assert info.value.step == 1 and info.value.metric == "loss" and math.isnan(info.value.value)
     assert not (run_dir / "checkpoint-1").exists()  # raised before the step's checkpoint: nothing broken is saved
     assert "No complete checkpoint" in str(info.value)
@@ -211,9 +211,9 @@ def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path, varied_reward):
 def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir, tmp_path, varied_reward):
     """lr 1e30 without clipping: step 1 blows the weights up, step 2's generation then samples from NaN."""
     run_dir = tmp_path / "run"
-    preset = _tiny(tiny_model_dir, learning_rate=1e30, max_grad_norm=0.0)
+    recipe = _tiny(tiny_model_dir, varied_reward, learning_rate=1e30, max_grad_norm=0.0)
     with pytest.raises(NumericsError) as info:
-        train(preset, data="arithmetic", output_dir=run_dir, overrides={"rewards": varied_reward})
+        train(recipe, data="arithmetic", output_dir=run_dir)
     assert info.value.step == 2
     message = str(info.value)
     assert "at step 2" in message and "learning rate" in message and "checkpoint-1" in message

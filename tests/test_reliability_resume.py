@@ -19,13 +19,14 @@ import time
 
 import pytest
 
+from grpo_kit.callbacks import read_metrics
 from grpo_kit.cli import main
-from grpo_kit.machinery.metrics import read_metrics
-from grpo_kit.machinery.runs import latest_checkpoint
+from grpo_kit.runs import checkpoint_step, latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
 TINY = [
-    "--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "--set", "num_generations=2",
+    "--preset", "cpu", "--data", "arithmetic", "--set", "reward_funcs=format", "--set", "reward_weights=[1]",
+    "--set", "num_generations=2",
     "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
     "--set", "save_steps=1", "--set", "logging_steps=1",
 ]  # fmt: skip
@@ -39,13 +40,9 @@ def _env() -> dict:
     return env
 
 
-def _step(folder) -> int:
-    return int(folder.name.split("-", 1)[1])
-
-
 def _train_until_killed(model_dir, run_dir) -> int:
     """Start a long CLI run, SIGKILL it once a complete checkpoint >= KILL_AFTER_STEP exists; return that step."""
-    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model.id={model_dir}", "--set", "max_steps=1000",
+    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model_name_or_path={model_dir}", "--set", "max_steps=1000",
            "--output", str(run_dir)]  # fmt: skip
     log = open(run_dir.parent / "killed-run.log", "wb")  # noqa: SIM115 - closed below, after the kill
     process = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
@@ -53,7 +50,7 @@ def _train_until_killed(model_dir, run_dir) -> int:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and process.poll() is None:
             checkpoint = latest_checkpoint(run_dir) if run_dir.is_dir() else None
-            if checkpoint is not None and _step(checkpoint) >= KILL_AFTER_STEP:
+            if checkpoint is not None and checkpoint_step(checkpoint) >= KILL_AFTER_STEP:
                 break
             time.sleep(0.05)
         assert process.poll() is None, f"the run ended before it was killed:\n{_tail(run_dir)}"
@@ -67,7 +64,7 @@ def _train_until_killed(model_dir, run_dir) -> int:
     assert process.returncode == -signal.SIGKILL
     checkpoint = latest_checkpoint(run_dir)
     assert checkpoint is not None, _tail(run_dir)
-    return _step(checkpoint)
+    return checkpoint_step(checkpoint)
 
 
 def _tail(run_dir) -> str:
@@ -105,7 +102,7 @@ def test_sigkilled_run_resumes_from_the_last_complete_checkpoint(tiny_model_dir,
     assert latest_checkpoint(run_dir).name == f"checkpoint-{last}"  # neither half-written folder is picked
 
     target = last + 2
-    code = main(["train", *TINY, "--set", f"model.id={tiny_model_dir}", "--set", f"max_steps={target}",
+    code = main(["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", f"max_steps={target}",
                  "--output", str(run_dir), "--resume"])  # fmt: skip
     assert code == 0, capsys.readouterr().err[-3000:]
     assert f"steps: {target}" in capsys.readouterr().out

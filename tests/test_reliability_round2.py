@@ -13,9 +13,12 @@ import math
 import pytest
 import torch
 
+from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter, dumps_finite, read_metrics
 from grpo_kit.cli import main
+from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.export_checks import Reference, check_logits
+from grpo_kit.runs import LOCK_NAME, latest_checkpoint, prepare_run_dir, release_run_lock
+from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
 
@@ -52,6 +55,8 @@ def _poison(adapter_dir, value=NAN):
 
 
 def _reference(tuned, base):
+    from grpo_kit.export import Reference
+
     return Reference(prompts=((1, 2),), tuned=(tuned,), base=(base,))
 
 
@@ -60,11 +65,15 @@ def test_non_finite_export_logits_fail_verification(bad, tmp_path):
     tuned, base = torch.randn(2, 5), torch.randn(2, 5)
     candidate = tuned.clone()
     candidate[0, 0] = bad
+    from grpo_kit.export import check_logits
+
     with pytest.raises(GrpoKitError, match="NaN/inf.*Nothing was written"):
         check_logits("lora", "lora", (candidate,), _reference(tuned, base), path=tmp_path, detail="test")
 
 
 def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_path):
+    from grpo_kit.export import check_logits
+
     tuned = torch.full((2, 5), NAN)
     with pytest.raises(GrpoKitError, match="NaN/inf"):
         check_logits("merged16", "merged16:bfloat16", (tuned.clone(),), _reference(tuned, torch.randn(2, 5)),
@@ -93,8 +102,6 @@ def test_export_json_is_strict_json(tiny_model_dir, make_adapter, tmp_path):
 
 
 def test_json_safe_writes_null_for_non_finite():
-    from grpo_kit.machinery.guards import dumps_finite
-
     assert _strict_json(dumps_finite({"a": NAN, "b": [INF, 1.0]})) == {"a": None, "b": [None, 1.0]}
 
 
@@ -108,7 +115,7 @@ def fake_run(fake_checkpoint):
 
     def make(run_dir, steps: int):
         run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"recipe": {"grpo": {"max_steps": steps}}}))
+        (run_dir / "run.json").write_text(json.dumps({"recipe": dict(load_recipe("cpu", max_steps=steps).values)}))
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n"
                                                        for s in range(1, steps + 1)))  # fmt: skip
         for step in range(1, steps + 1):
@@ -149,10 +156,10 @@ def test_non_finite_settings_are_refused_before_any_weights_load(argv, tmp_path,
 def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit.machinery.metrics import make_metrics_logger, truncate_metrics
+    from grpo_kit.callbacks import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
-    logger = make_metrics_logger(path)
+    logger = MetricsLogger(path)
     for step, loss in ((1, 0.5), (2, INF), (3, NAN)):
         state = SimpleNamespace(global_step=step, is_world_process_zero=True)
         logger.on_log(None, state, None, logs={"loss": loss, "learning_rate": INF})
@@ -164,8 +171,6 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
 
 
 def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, make_adapter):
-    from grpo_kit.machinery.guards import NumericsError, check_saved_adapter
-
     run_dir = tmp_path / "run"
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
     check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
@@ -191,12 +196,9 @@ def test_resume_of_a_finished_run_changes_nothing(tmp_path, capsys, no_model_loa
 def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_path, no_model_load, fake_run):
     import shutil
 
-    from grpo_kit.recipes import load_recipe
-    from grpo_kit.train import train
-
     run_dir = fake_run(tmp_path / "run", 2)
     shutil.rmtree(run_dir / "adapter")  # killed after the last checkpoint, before the adapter was written
-    result = train(load_recipe("cpu"), data="sample", output_dir=run_dir, resume=True, overrides={"max_steps": 2})
+    result = train(load_recipe("cpu", max_steps=2), data="sample", output_dir=run_dir, resume=True)
     assert result.already_finished and result.steps == 2
     assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
         run_dir / "checkpoint-2" / "adapter_model.safetensors").read_bytes()
@@ -219,8 +221,6 @@ def other_process():
 
 def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_path, capsys, other_process,
                                                                            no_model_load, fake_checkpoint):
-    from grpo_kit.machinery.runs import LOCK_NAME
-
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / LOCK_NAME).write_text(str(other_process.pid))
@@ -238,9 +238,6 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
     import sys
 
     import grpo_kit.models as models
-    from grpo_kit.machinery.runs import LOCK_NAME
-    from grpo_kit.recipes import load_recipe
-    from grpo_kit.train import train
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -267,35 +264,41 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
 
 @pytest.mark.parametrize("missing", ["optimizer.pt", "scheduler.pt"])
 def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fake_checkpoint):
-    from grpo_kit.machinery.runs import latest_checkpoint, resume_checkpoint
-
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 3, skip=[missing])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
     with pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from checkpoint-2"):
-        assert resume_checkpoint(tmp_path, set_aside=True).name == "checkpoint-2"
-    assert (tmp_path / "damaged-checkpoint-3" / "adapter_model.safetensors").is_file()  # kept, not deleted
+        assert prepare_run_dir(tmp_path, resume=True).name == "checkpoint-2"
+    release_run_lock(tmp_path)
+    (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
+    assert (aside / "adapter_model.safetensors").is_file()  # kept, not deleted
 
 
 def test_deepspeed_checkpoint_keeps_its_optimizer_in_global_step_folder(tmp_path, fake_checkpoint):
-    from grpo_kit.machinery.runs import latest_checkpoint
-
     folder = fake_checkpoint(tmp_path, 5, skip=["optimizer.pt", "scheduler.pt"])
     (folder / "global_step5").mkdir()
     assert latest_checkpoint(tmp_path) == folder
 
 
 def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(tmp_path, fake_checkpoint):
-    from grpo_kit.machinery.runs import latest_checkpoint, resume_checkpoint
-
     fake_checkpoint(tmp_path, 2)
     weights = fake_checkpoint(tmp_path, 3) / "adapter_model.safetensors"
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 7])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
-    with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-checkpoint-3"):
-        assert resume_checkpoint(tmp_path, set_aside=True).name == "checkpoint-2"
-    assert (tmp_path / "damaged-checkpoint-3" / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
+    with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-checkpoint-3.old-"):
+        assert prepare_run_dir(tmp_path, resume=True, is_main=True).name == "checkpoint-2"
+    release_run_lock(tmp_path)
+    (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
+    assert (aside / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
+
+
+def test_only_the_main_process_sets_damaged_checkpoints_aside(tmp_path, fake_checkpoint):
+    fake_checkpoint(tmp_path, 2)
+    fake_checkpoint(tmp_path, 3, state=False)
+    with pytest.warns(UserWarning, match="checkpoint-3: no trainer_state.json"):
+        assert prepare_run_dir(tmp_path, resume=True, is_main=False).name == "checkpoint-2"
+    assert (tmp_path / "checkpoint-3").is_dir() and not (tmp_path / LOCK_NAME).exists()
 
 
 # ------------------------------------------------------------------------------------------------ 6. typed --set
@@ -304,10 +307,10 @@ def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(
 @pytest.mark.parametrize(
     ("pair", "expected"),
     [
-        ("num_generations=abc", "num_generations expects an integer, got 'abc'"),
-        ("learning_rate=nan", "learning_rate expects a finite number, got 'nan'"),
-        ("epsilon_high=big", "epsilon_high expects a finite number, got 'big'"),
-        ("temperature=[1]", "temperature expects a finite number, got [1]"),
+        ("num_generations=abc", "num_generations: invalid int value: 'abc'"),
+        ("learning_rate=nan", "learning_rate is nan; every number must be finite"),
+        ("epsilon_high=big", "epsilon_high: invalid float value: 'big'"),
+        ("temperature=[1]", "temperature expects one value, got [1]"),
     ],
 )
 def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tmp_path, capsys, no_model_load):
@@ -316,13 +319,12 @@ def test_typed_set_values_are_checked_before_any_weights_load(pair, expected, tm
     assert not (tmp_path / "run").exists()
 
 
-def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
-    from grpo_kit.machinery.recipe_checks import check_grpo_fields
-    from grpo_kit.recipes import load_recipe, parse_set
+def test_typed_set_values_are_converted_to_the_field_type():
+    from grpo_kit.config import parse_set
 
-    recipe = check_grpo_fields(load_recipe("cpu", parse_set(
-        ["max_steps=3.0", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"])))
-    got = {k: recipe.grpo[k] for k in ("max_steps", "learning_rate", "beta", "lr_scheduler_type", "use_vllm")}
+    changes = parse_set(["max_steps=3", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"])
+    config = load_recipe("cpu", **changes).grpo
+    got = {k: getattr(config, k) for k in ("max_steps", "learning_rate", "beta", "lr_scheduler_type", "use_vllm")}
     assert got == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
                    "use_vllm": False}
     assert type(got["max_steps"]) is int and type(got["beta"]) is float
@@ -330,7 +332,8 @@ def test_typed_set_values_are_converted_to_the_field_type(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ real tiny runs
 
-REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "--set", "num_generations=2",
+REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "reward_funcs=format", "--set", "reward_weights=[1]",
+        "--set", "num_generations=2",
         "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
         "--set", "save_steps=1", "--set", "logging_steps=1"]  # fmt: skip
 
@@ -338,7 +341,7 @@ REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "rewards=format", "-
 @pytest.mark.slow
 def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(tiny_model_dir, tmp_path, capsys):
     run_dir = tmp_path / "run"
-    base = ["train", *REAL, "--set", f"model.id={tiny_model_dir}", "--output", str(run_dir)]
+    base = ["train", *REAL, "--set", f"model_name_or_path={tiny_model_dir}", "--output", str(run_dir)]
     assert main([*base, "--set", "max_steps=2"]) == 0
     capsys.readouterr()
     before = snapshot(run_dir)
@@ -346,9 +349,6 @@ def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(t
     assert "already finished: step 2 of 2" in capsys.readouterr().out
     assert snapshot(run_dir) == before  # no checkpoint-3, no metrics row, adapter untouched
     assert main([*base, "--resume", "--set", "max_steps=3"]) == 0
-    from grpo_kit.machinery.metrics import read_metrics
-    from grpo_kit.machinery.runs import latest_checkpoint
-
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert latest_checkpoint(run_dir).name == "checkpoint-3"
 
@@ -364,11 +364,7 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
     so the NumericsGuard sees nothing, and only the check of the saved adapter stops the run being called done."""
     from transformers import TrainerCallback
 
-    from grpo_kit.machinery.guards import NumericsError
-    from grpo_kit.machinery.metrics import read_metrics
-    from grpo_kit.recipes import load_recipe
     from grpo_kit.rewards import REWARDS
-    from grpo_kit.train import train
 
     class OverflowLastUpdate(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -378,11 +374,11 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
 
     monkeypatch.setitem(REWARDS, "varied", varied)
     run_dir = tmp_path / "run"
-    preset = load_recipe("cpu", model=str(tiny_model_dir), max_steps=2, num_generations=2, per_device_train_batch_size=2,
-                        gradient_accumulation_steps=1, max_completion_length=8, save_steps=1, logging_steps=1,
-                        few_shot=0)  # fmt: skip
+    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), max_steps=2, num_generations=2,
+                         per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=8,
+                         save_steps=1, logging_steps=1, few_shot=0, reward_funcs=["varied"], reward_weights=[1.0])
     with pytest.raises(NumericsError, match="final adapter.*adapter.nonfinite") as info:
-        train(preset, data="arithmetic", output_dir=run_dir, overrides={"rewards": "varied"}, callbacks=(OverflowLastUpdate(),))
+        train(recipe, data="arithmetic", output_dir=run_dir, callbacks=(OverflowLastUpdate(),))
     assert info.value.step == 2 and info.value.metric == "adapter"
     assert not (run_dir / "adapter").exists() and (run_dir / "adapter.nonfinite").is_dir()
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]

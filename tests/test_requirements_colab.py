@@ -31,7 +31,7 @@ PYPROJECT = REQUIREMENTS.with_name("pyproject.toml")
 
 def _file_pins() -> dict[str, str]:
     """``{project: version}`` of every ``name==version`` line of requirements-colab.txt."""
-    from grpo_kit.machinery.colab_install import read_requirements, requirement_name
+    from grpo_kit.colab_install import read_requirements, requirement_name
 
     return {requirement_name(line): line.split("==", 1)[1] for line in read_requirements(REQUIREMENTS)
             if "==" in line and ";" not in line}
@@ -82,11 +82,11 @@ def test_requirements_colab_resolves(resolved):
 
 def test_requirements_file_agrees_with_pyproject_and_the_install_plan():
     """One stack, written in three places: the file's pins, pyproject.toml's pins, and the vLLM line that
-    grpo_kit.machinery.colab_install picks for the file's torch on CUDA 13 (vLLM pins torch exactly)."""
+    grpo_kit.colab_install picks for the file's torch on CUDA 13 (vLLM pins torch exactly)."""
     tomllib = pytest.importorskip("tomllib")
     from packaging.requirements import Requirement
 
-    from grpo_kit.machinery.colab_install import Runtime, plan_install, read_requirements
+    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
 
     pins = _file_pins()
     project = tomllib.loads(PYPROJECT.read_text(encoding="utf-8"))["project"]["dependencies"]
@@ -120,7 +120,7 @@ def test_platforms_are_the_ones_pip_uses(monkeypatch):
 )
 def test_each_colab_plan_resolves(tmp_path, torch, cuda, vllm):
     """The plans for the other runtimes (the file itself is the torch 2.11 + CUDA 13 one) resolve as well."""
-    from grpo_kit.machinery.colab_install import Runtime, plan_install, read_requirements
+    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
 
     if not _pypi_reachable():
         pytest.skip(f"PyPI ({INDEX}) is not reachable")

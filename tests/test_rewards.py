@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import re
+import subprocess
+import sys
 
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.reward_specs import cli_rewards, parse_reward_spec, reward_table_markdown, score_completions
-from grpo_kit.rewards import DEFAULT_REWARD_SPEC, REWARD_INFO, REWARDS
+from grpo_kit.rewards import RANGES, REWARDS, cli_rewards, parse_reward_spec, reward_table_markdown, score_completions
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
+BUILT_IN = ["correctness", "format", "strict_format", "tag_count", "integer", "tag_progress", "answer_number",
+            "format_rate"]
 
 
 def run(name, completion, answer=GOLD, prefill=None):
@@ -333,7 +337,7 @@ SAMPLES = [
 ]
 
 
-@pytest.mark.parametrize("name", sorted(REWARDS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_conversational_and_plain_completions_score_the_same(name):
     plain = REWARDS[name](SAMPLES, answer=[GOLD] * len(SAMPLES))
     chat = [[{"role": "assistant", "content": text}] for text in SAMPLES]
@@ -346,7 +350,7 @@ def test_conversational_and_plain_completions_score_the_same(name):
     assert REWARDS[name](longer, answer=[GOLD] * len(SAMPLES)) == plain
 
 
-@pytest.mark.parametrize("name", sorted(REWARDS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_odd_completion_objects_score_like_empty_text(name):
     odd = [None, [], [{"role": "assistant"}], [{"role": "assistant", "content": None}], 42, {"content": 7}]
     empty = REWARDS[name]([""], answer=[GOLD])[0]
@@ -390,7 +394,7 @@ def test_prefill_as_single_string_and_short_list():
     assert REWARDS["format"](texts, prefill=[None, 3]) == [0.0, 0.0]
 
 
-@pytest.mark.parametrize("name", sorted(REWARDS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_one_float_per_completion_and_empty_batch(name):
     assert REWARDS[name]([]) == []
     scores = REWARDS[name](SAMPLES * 3, answer=[GOLD] * 18, prefill=["<think>\n"] * 18)
@@ -400,38 +404,40 @@ def test_one_float_per_completion_and_empty_batch(name):
 # ----------------------------------------------------------------------------------------------- registry and table
 
 
-def test_registry_names_and_metadata():
-    required = {"correctness", "format", "strict_format", "tag_count", "integer", "tag_progress"}
-    assert required <= set(REWARDS)
-    assert list(REWARD_INFO) == list(REWARDS)
-    for name, fn in REWARDS.items():
-        info = REWARD_INFO[name]
-        assert info.name == name and info.low < info.high and info.description
+def test_registry_names():
+    assert list(RANGES) == BUILT_IN and BUILT_IN == list(REWARDS)[: len(BUILT_IN)]
+    for name in BUILT_IN:
+        fn = REWARDS[name]
         assert fn.__name__ == name  # TRL logs rewards/<__name__>/mean
-        assert fn.__doc__ and "Range" in fn.__doc__ and ">>>" in fn.__doc__
-        assert pickle.loads(pickle.dumps(fn)) is fn
+        assert pickle.loads(pickle.dumps(fn)) is fn  # TRL/accelerate may pickle reward functions
 
 
-@pytest.mark.parametrize("name", sorted(REWARDS))
+@pytest.mark.parametrize("name", BUILT_IN)
 def test_scores_stay_within_the_documented_range(name):
-    info = REWARD_INFO[name]
+    low, high = RANGES[name]
     texts = SAMPLES + ["</answer>" * 3 + "junk" * 1000, "<think>a</think><answer>7</answer>" + "x" * 10_000]
     scores = REWARDS[name](texts, answer=[GOLD] * len(texts))
-    assert all(info.low <= s <= info.high for s in scores)
+    assert all(low <= s <= high for s in scores)
 
 
 def test_the_best_completion_reaches_every_upper_bound():
     best = score_completions([GOOD], GOLD)[0]
-    for name, info in REWARD_INFO.items():
-        assert best[name] == info.high, name
+    for name, (_, high) in RANGES.items():
+        assert best[name] == high, name
+    assert score_completions(["</answer></answer>" + "x" * 1000], GOLD)[0]["tag_count"] == RANGES["tag_count"][0]
+
+
+def test_format_rate_is_the_share_in_format():
+    texts = [GOOD, "<answer>72</answer>", "a</think><answer>7</answer>"]
+    assert REWARDS["format_rate"](texts, prefill=["", "", "<think>"]) == [1.0, 0.0, 1.0]
 
 
 def test_reward_table_markdown_lists_every_reward():
     table = reward_table_markdown()
     lines = table.splitlines()
     assert lines[0] == "| name | range | what it scores |" and lines[1] == "|---|---|---|"
-    assert len(lines) == 2 + len(REWARDS)
-    for name, line in zip(REWARDS, lines[2:], strict=True):
+    assert len(lines) == 2 + len(BUILT_IN)
+    for name, line in zip(BUILT_IN, lines[2:], strict=True):
         assert line.startswith(f"| `{name}` |") and line.count("|") == 4
     assert "| `tag_count` | -0.25 to 1 |" in table
     assert not re.search(r"(?<!`)<(think|answer)>(?![^`]*`)", table)  # tags are in code spans (no raw HTML)
@@ -441,6 +447,16 @@ def test_cli_rewards_prints_the_table(capsys):
     assert cli_rewards(None) == 0
     out = capsys.readouterr().out
     assert reward_table_markdown() in out
+
+
+def test_cli_rewards_into_a_closed_pipe_has_no_traceback():
+    """`grpo-kit rewards | head -1`: the reader is gone before the table is written."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE (Python ignores SIGPIPE, so BrokenPipeError)
+    code = "import sys; from grpo_kit.rewards import cli_rewards; sys.exit(cli_rewards())"
+    proc = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    os.close(write_end)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------- parse_reward_spec
@@ -457,7 +473,9 @@ def test_cli_rewards_prints_the_table(capsys):
         ("correctness,,format,", ["correctness", "format"], [1.0, 1.0]),
         (["correctness:2", "format"], ["correctness", "format"], [2.0, 1.0]),
         (("integer",), ["integer"], [1.0]),
-        (DEFAULT_REWARD_SPEC, DEFAULT_REWARD_SPEC.split(","), [1.0] * 5),
+        ("correctness,integer,strict_format,format,tag_count",
+         ["correctness", "integer", "strict_format", "format", "tag_count"], [1.0] * 5),
+        ("format_rate:0", ["format_rate"], [0.0]),
     ],
 )
 def test_parse_reward_spec(spec, names, weights):
@@ -505,7 +523,7 @@ def test_score_completions_rows():
 
 def test_score_completions_defaults_to_every_reward_and_broadcasts_gold_and_prefill():
     rows = score_completions(["a</think><answer>72</answer>"], GOLD, prefill="<think>")
-    assert set(rows[0]) == set(REWARDS) | {"total"}
+    assert set(rows[0]) == set(BUILT_IN) | {"total"}
     assert rows[0]["format"] == 0.5 and rows[0]["correctness"] == 2.0
     assert rows[0]["total"] == pytest.approx(sum(v for k, v in rows[0].items() if k != "total"))
 

@@ -1,189 +1,198 @@
-"""grpo_kit.machinery.teaching: the toy GRPO computations of notebook 02, checked by hand and against TRL's own code."""
+"""Notebook 02's toy GRPO code, tested as the learner reads it: the notebook's code cells that define functions are
+executed, then their functions are checked by hand and against TRL's own ``GRPOTrainer._compute_loss``."""
 
 from __future__ import annotations
 
+import ast
+import types
+from pathlib import Path
+
+import matplotlib
+import nbformat
 import pytest
 import torch
 
-from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery import teaching
-from grpo_kit.machinery.teaching import (
-    LOSS_TYPES,
-    accumulate,
-    aggregate,
-    clipped_surrogate,
-    exact_kl,
-    group_advantages,
-    grpo_loss,
-    k3_kl,
-    token_weights,
-    trl_loss,
-    vllm_is_ratio,
-    zero_std_fraction,
-)
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "02_grpo_explained.ipynb"
 
 
-def test_group_advantages_by_hand():
+def _defines_something(source: str) -> bool:
+    return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in ast.parse(source).body)
+
+
+@pytest.fixture(scope="module")
+def nb():
+    """The functions of notebook 02, from the cells that define them, run in order in one namespace."""
+    matplotlib.use("Agg")  # the cells draw their pictures; nothing is shown
+    namespace = types.ModuleType("notebook_02")
+    cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
+    for source in filter(_defines_something, cells):
+        exec(compile(source, str(NOTEBOOK), "exec"), namespace.__dict__)
+    return namespace
+
+
+def test_group_advantages_by_hand(nb):
     # Group 1: rewards 3, 1 -> mean 2, unbiased std sqrt(2) -> +-1/sqrt(2). Group 2: all equal -> 0.
-    adv = group_advantages(torch.tensor([3.0, 1.0, 5.0, 5.0]), num_generations=2)
-    expected = torch.tensor([1, -1, 0, 0]) / (2**0.5 + teaching.STD_EPS)
-    assert torch.allclose(adv, expected, atol=1e-6)
+    adv = nb.group_advantages(torch.tensor([3.0, 1.0, 5.0, 5.0]), num_generations=2)
+    assert torch.allclose(adv, torch.tensor([1, -1, 0, 0]) / (2**0.5 + nb.STD_EPS), atol=1e-6)
 
 
-def test_group_advantages_match_trl_formula():
+def test_group_advantages_match_trl_formula(nb):
     from trl.trainer.utils import nanstd
 
     torch.manual_seed(0)
-    rewards = torch.rand(12) * 3
-    num_generations = 4
+    rewards, num_generations = torch.rand(12) * 3, 4
     grouped = rewards.view(-1, num_generations)
-    # TRL 1.15, GRPOTrainer._generate_and_score_completions, scale_rewards="group":
+    # TRL 1.15, GRPOTrainer._generate_and_score_completions:
     mean = grouped.nanmean(dim=1).repeat_interleave(num_generations)
     std = nanstd(grouped, dim=1).repeat_interleave(num_generations)
-    trl_adv = (rewards - mean) / (std + 1e-4)
-    assert torch.allclose(group_advantages(rewards, num_generations), trl_adv, atol=1e-6)
-    batch_adv = (rewards - mean) / (nanstd(rewards) + 1e-4)
-    assert torch.allclose(group_advantages(rewards, num_generations, "batch"), batch_adv, atol=1e-6)
-    assert torch.allclose(group_advantages(rewards, num_generations, "none"), rewards - mean, atol=1e-6)
+    assert torch.allclose(nb.group_advantages(rewards, num_generations), (rewards - mean) / (std + 1e-4), atol=1e-6)
+    batch = (rewards - mean) / (nanstd(rewards) + 1e-4)
+    assert torch.allclose(nb.group_advantages(rewards, num_generations, "batch"), batch, atol=1e-6)
+    assert torch.allclose(nb.group_advantages(rewards, num_generations, "none"), rewards - mean, atol=1e-6)
 
 
-def test_advantages_sum_to_zero_per_group_and_keep_reward_order():
-    rewards = torch.tensor([0.0, 2.0, 1.0, 0.5, 0.5, 3.0])
-    adv = group_advantages(rewards, num_generations=3).view(2, 3)
+def test_advantages_sum_to_zero_per_group_and_keep_reward_order(nb):
+    adv = nb.group_advantages(torch.tensor([0.0, 2.0, 1.0, 0.5, 0.5, 3.0]), num_generations=3).view(2, 3)
     assert torch.allclose(adv.sum(dim=1), torch.zeros(2), atol=1e-5)
     assert adv[0].argsort().tolist() == [0, 2, 1]
 
 
-def test_bad_groups_and_scale_raise():
-    with pytest.raises(GrpoKitError, match="multiple of num_generations"):
-        group_advantages(torch.ones(5), num_generations=2)
-    with pytest.raises(GrpoKitError, match="at least 2"):
-        group_advantages(torch.ones(4), num_generations=1)
-    with pytest.raises(GrpoKitError, match="scale_rewards"):
-        group_advantages(torch.ones(4), num_generations=2, scale_rewards="global")
+def test_bad_groups_and_scale_raise(nb):
+    with pytest.raises(ValueError, match="multiple of num_generations"):
+        nb.group_advantages(torch.ones(5), num_generations=2)
+    with pytest.raises(ValueError, match="at least 2"):
+        nb.group_advantages(torch.ones(4), num_generations=1)
+    with pytest.raises(ValueError, match="scale_rewards"):
+        nb.group_advantages(torch.ones(4), num_generations=2, scale_rewards="global")
 
 
-def test_zero_std_fraction_counts_equal_groups():
-    assert zero_std_fraction(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2) == 0.5
-    assert zero_std_fraction(torch.zeros(8), 4) == 1.0
-    assert zero_std_fraction(torch.arange(8.0), 4) == 0.0
+def test_zero_std_fraction_counts_equal_groups(nb):
+    assert nb.zero_std_fraction(torch.tensor([1.0, 1.0, 0.0, 1.0]), 2) == 0.5
+    assert nb.zero_std_fraction(torch.zeros(8), 4) == 1.0
+    assert nb.zero_std_fraction(torch.arange(8.0), 4) == 0.0
 
 
-def test_k3_is_zero_when_equal_and_positive_otherwise():
+def test_k3_is_zero_when_equal_and_positive_otherwise(nb):
     logps = torch.log(torch.tensor([0.1, 0.5, 0.9]))
-    assert torch.allclose(k3_kl(logps, logps), torch.zeros(3))
-    assert (k3_kl(logps, logps - 0.3) > 0).all()
-    assert (k3_kl(logps, logps + 0.3) > 0).all()
+    assert torch.allclose(nb.k3_kl(logps, logps), torch.zeros(3))
+    assert (nb.k3_kl(logps, logps - 0.3) > 0).all() and (nb.k3_kl(logps, logps + 0.3) > 0).all()
 
 
-def test_k3_mean_estimates_exact_kl():
-    policy = torch.tensor([0.6, 0.3, 0.1])
-    reference = torch.tensor([0.3, 0.3, 0.4])
-    generator = torch.Generator().manual_seed(0)
-    tokens = torch.multinomial(policy, 200_000, replacement=True, generator=generator)
-    estimate = k3_kl(policy.log()[tokens], reference.log()[tokens]).mean().item()
-    assert exact_kl(policy, reference) == pytest.approx(0.2773, abs=1e-3)
-    assert estimate == pytest.approx(exact_kl(policy, reference), rel=0.02)
+def test_k3_mean_estimates_exact_kl(nb):
+    policy, reference = torch.tensor([0.6, 0.3, 0.1]), torch.tensor([0.3, 0.3, 0.4])
+    tokens = torch.multinomial(policy, 200_000, replacement=True, generator=torch.Generator().manual_seed(0))
+    estimate = nb.k3_kl(policy.log()[tokens], reference.log()[tokens]).mean().item()
+    assert nb.exact_kl(policy, reference) == pytest.approx(0.2773, abs=1e-3)
+    assert estimate == pytest.approx(nb.exact_kl(policy, reference), rel=0.02)
 
 
-def test_clipping_stops_the_gradient_outside_the_trust_region():
-    old = torch.zeros(1, 2)
+def test_clipping_stops_the_gradient_outside_the_trust_region(nb):
     logps = torch.tensor([[0.5, 0.05]], requires_grad=True)  # ratio e^0.5 = 1.65 is clipped, e^0.05 = 1.05 is not
-    clipped_surrogate(logps, old, torch.tensor([1.0])).sum().backward()
+    nb.clipped_surrogate(logps, torch.zeros(1, 2), torch.tensor([1.0])).sum().backward()
     assert logps.grad[0, 0] == 0
     assert logps.grad[0, 1] < 0  # minimising the loss raises the log-probability of a positive-advantage token
 
 
-def test_aggregate_normalisations():
+def test_aggregate_normalisations(nb):
     loss = torch.tensor([[2.0, 2.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    assert aggregate(loss, mask, "grpo").item() == pytest.approx((2 + 1) / 2)
-    assert aggregate(loss, mask, "bnpo").item() == pytest.approx(8 / 6)
-    assert aggregate(loss, mask, "dapo").item() == pytest.approx(8 / 6)
-    assert aggregate(loss, mask, "dr_grpo", max_completion_length=10).item() == pytest.approx(8 / 20)
-    with pytest.raises(GrpoKitError, match="max_completion_length"):
-        aggregate(loss, mask, "dr_grpo")
-    with pytest.raises(GrpoKitError, match="loss_type"):
-        aggregate(loss, mask, "ppo")
+    assert nb.aggregate(loss, mask, "grpo").item() == pytest.approx((2 + 1) / 2)
+    assert nb.aggregate(loss, mask, "bnpo").item() == pytest.approx(8 / 6)
+    assert nb.aggregate(loss, mask, "dapo").item() == pytest.approx(8 / 6)
+    assert nb.aggregate(loss, mask, "dr_grpo", max_completion_length=10).item() == pytest.approx(8 / 20)
+    with pytest.raises(ValueError, match="max_completion_length"):
+        nb.aggregate(loss, mask, "dr_grpo")
+    with pytest.raises(ValueError, match="loss_type"):
+        nb.aggregate(loss, mask, "ppo")
 
 
-def test_accumulate_dapo_is_the_global_token_mean():
+def test_accumulate_dapo_is_the_global_token_mean(nb):
     losses = [torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[4.0, 0.0, 0.0]])]
     masks = [torch.tensor([[1.0, 1.0, 1.0]]), torch.tensor([[1.0, 0.0, 0.0]])]
-    assert accumulate(losses, masks, "dapo").item() == pytest.approx(7 / 4)
-    assert accumulate(losses, masks, "bnpo").item() == pytest.approx((1 + 4) / 2)
-    assert accumulate(losses, masks, "grpo").item() == pytest.approx((1 + 4) / 2)
+    assert nb.accumulate(losses, masks, "dapo").item() == pytest.approx(7 / 4)
+    assert nb.accumulate(losses, masks, "bnpo").item() == pytest.approx((1 + 4) / 2)
+    assert nb.accumulate(losses, masks, "grpo").item() == pytest.approx((1 + 4) / 2)
 
 
-def test_token_weights_show_the_grpo_length_bias():
+def test_token_weights_show_the_grpo_length_bias(nb):
     mask = torch.tensor([[1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
-    grpo = token_weights(mask, "grpo")
-    assert grpo[0, 0] == pytest.approx(2 * grpo[1, 0].item())
-    assert grpo[0, 2] == 0
+    grpo = nb.token_weights(mask, "grpo")
+    assert grpo[0, 0] == pytest.approx(2 * grpo[1, 0].item()) and grpo[0, 2] == 0
     for loss_type in ("bnpo", "dapo", "dr_grpo"):
-        weights = token_weights(mask, loss_type, max_completion_length=4)
-        real = weights[mask.bool()]
+        real = nb.token_weights(mask, loss_type, max_completion_length=4)[mask.bool()]
         assert torch.allclose(real, real[0].expand_as(real)), loss_type
 
 
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_grpo_loss_matches_trl_compute_loss(loss_type, beta):
-    torch.manual_seed(1)
+def _batch(seed: int):
+    torch.manual_seed(seed)
     batch, tokens = 4, 6
     logps = torch.randn(batch, tokens) * 0.3 - 1.0
-    old = logps + 0.3 * torch.randn(batch, tokens)  # off-policy enough that some ratios are clipped
-    ref = logps + 0.3 * torch.randn(batch, tokens)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
     mask = (torch.arange(tokens) < torch.tensor([[6], [2], [4], [1]])).float()
-    kwargs = {"beta": beta, "ref_logps": ref, "max_completion_length": 8}
-    ours = grpo_loss(logps, old, advantages, mask, loss_type, **kwargs).item()
-    assert ours == pytest.approx(trl_loss(logps, old, advantages, mask, loss_type, **kwargs), abs=1e-6)
+    return logps, mask, torch.tensor([1.0, -1.0, 0.5, -0.5])
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_grpo_loss_matches_trl_compute_loss_with_trls_defaults(nb, loss_type, beta):
+    logps, mask, advantages = _batch(1)
+    old = logps + 0.3 * torch.randn_like(logps)  # off-policy enough that some ratios are clipped
+    kwargs = {"beta": beta, "ref_logps": logps + 0.3 * torch.randn_like(logps), "max_completion_length": 8}
+    ours = nb.grpo_loss(logps, old, advantages, mask, loss_type, **kwargs).item()
+    assert ours == pytest.approx(nb.trl_loss(logps, old, advantages, mask, loss_type, **kwargs), abs=1e-6)
+
+
+def test_the_check_sees_trls_kl_bias_correction(nb):
+    """With beta > 0 off-policy, leaving out TRL's default use_bias_correction_kl changes the loss: the check would
+    fail; TRL with the correction switched off agrees with ours without it."""
+    logps, mask, advantages = _batch(3)
+    old, ref = logps + 0.3 * torch.randn_like(logps), logps + 0.3 * torch.randn_like(logps)
+    kwargs = {"beta": 0.04, "ref_logps": ref, "max_completion_length": 8}
+    trl_default = nb.trl_loss(logps, old, advantages, mask, "dapo", **kwargs)
+    without = nb.grpo_loss(logps, old, advantages, mask, "dapo", bias_correction_kl=False, **kwargs).item()
+    assert abs(without - trl_default) > 1e-5
+    trl_without = nb.trl_loss(logps, old, advantages, mask, "dapo", use_bias_correction_kl=False, **kwargs)
+    assert without == pytest.approx(trl_without, abs=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["sequence_mask", "sequence_truncate", "token_mask", "token_truncate"])
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_vllm_importance_weight_matches_trl(loss_type, mode):
-    torch.manual_seed(2)
-    batch, tokens = 4, 6
-    logps = torch.randn(batch, tokens) * 0.3 - 1.0
-    sampling = logps + 0.6 * torch.randn(batch, tokens)  # vLLM's probabilities differ from the trainer's
-    mask = (torch.arange(tokens) < torch.tensor([[6], [2], [4], [1]])).float()
-    ratio = vllm_is_ratio(logps, sampling, mask, mode=mode, clip_max=1.5, clip_min=0.7)
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
-    args = {"beta": 0.04, "ref_logps": logps + 0.1, "max_completion_length": 8, "is_ratio": ratio}
-    ours = grpo_loss(logps, logps, advantages, mask, loss_type, **args).item()
-    assert ours == pytest.approx(trl_loss(logps, logps, advantages, mask, loss_type, **args), abs=1e-6)
-    assert ours != pytest.approx(grpo_loss(logps, logps, advantages, mask, loss_type, beta=0.04,
-                                           ref_logps=logps + 0.1, max_completion_length=8).item(), abs=1e-4)
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo"])
+def test_vllm_importance_weight_matches_trl(nb, loss_type, mode):
+    logps, mask, advantages = _batch(2)
+    sampling = logps + 0.6 * torch.randn_like(logps)  # vLLM's probabilities differ from the trainer's
+    ratio = nb.vllm_is_ratio(logps, sampling, mask, mode=mode, clip_max=1.5, clip_min=0.7)
+    args = {"beta": 0.04, "ref_logps": logps + 0.1, "max_completion_length": 8}
+    ours = nb.grpo_loss(logps, logps, advantages, mask, loss_type, is_ratio=ratio, **args).item()
+    assert ours == pytest.approx(nb.trl_loss(logps, logps, advantages, mask, loss_type, is_ratio=ratio, **args),
+                                 abs=1e-6)
+    assert ours != pytest.approx(nb.grpo_loss(logps, logps, advantages, mask, loss_type, **args).item(), abs=1e-4)
 
 
-def test_vllm_importance_weight_modes():
+def test_vllm_importance_weight_modes(nb):
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     trainer = torch.tensor([[0.0, 0.0, 9.0]])  # the padded token's difference must not count
     sampling = torch.tensor([[-0.5, -1.0, 0.0]])  # per-token log-weights 0.5 and 1.0; 1.5 per sequence
-    assert vllm_is_ratio(trainer, sampling, mask, "sequence_truncate").item() == pytest.approx(3.0)  # e^1.5 > 3
-    assert vllm_is_ratio(trainer, sampling, mask, "sequence_mask", clip_max=5.0).item() == pytest.approx(4.4817, abs=1e-3)
-    assert vllm_is_ratio(trainer, sampling, mask, "token_mask", clip_max=2.0).tolist()[0][:2] == pytest.approx([1.6487, 0.0], abs=1e-3)
-    with pytest.raises(GrpoKitError, match="importance-sampling mode"):
-        vllm_is_ratio(trainer, sampling, mask, "token_clip")
+    assert nb.vllm_is_ratio(trainer, sampling, mask, "sequence_truncate").item() == pytest.approx(3.0)  # e^1.5 > 3
+    assert nb.vllm_is_ratio(trainer, sampling, mask, "sequence_mask", clip_max=5.0).item() == pytest.approx(4.4817,
+                                                                                                             abs=1e-3)
+    token = nb.vllm_is_ratio(trainer, sampling, mask, "token_mask", clip_max=2.0).tolist()[0][:2]
+    assert token == pytest.approx([1.6487, 0.0], abs=1e-3)
+    with pytest.raises(ValueError, match="importance-sampling mode"):
+        nb.vllm_is_ratio(trainer, sampling, mask, "token_clip")
 
 
-def test_trl_loss_fails_loudly_when_inputs_are_missing():
-    with pytest.raises(GrpoKitError, match="_compute_loss"):
-        trl_loss(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1), torch.ones(1, 2), beta=0.1, ref_logps=None)
+def test_grpo_loss_with_a_kl_needs_the_reference(nb):
+    logps, mask, advantages = _batch(4)
+    with pytest.raises(ValueError, match="ref_logps"):
+        nb.grpo_loss(logps, logps, advantages, mask, beta=0.1)
 
 
-def test_pictures_draw_without_a_display():
-    import matplotlib
+def test_pictures_are_saved(nb, tmp_path):
+    from grpo_kit.plots import plot_advantages, plot_token_weights
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from grpo_kit.machinery.teaching import plot_advantages, plot_token_weights
-
-    ax = plot_advantages(torch.tensor([1.0, 0.0, 0.5, 0.5]), num_generations=2, show=False)
-    assert [len(bars) for bars in ax.containers] == [4, 4]  # a reward bar and an advantage bar per completion
-    fig = plot_token_weights(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), max_completion_length=2, show=False)
-    assert [ax.get_title() for ax in fig.axes[: len(LOSS_TYPES)]] == list(LOSS_TYPES)
-    plt.close("all")
+    rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
+    advantages = plot_advantages(rewards, nb.group_advantages(rewards, 2), 2, out=tmp_path / "adv.png", show=False)
+    mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
+    weights = {name: nb.token_weights(mask, name, max_completion_length=2) for name in nb.LOSS_TYPES}
+    heat_maps = plot_token_weights(weights, mask, out=tmp_path / "weights.png", show=False)
+    for png in (advantages, heat_maps):
+        assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000

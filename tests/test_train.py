@@ -7,55 +7,32 @@ import json
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.metrics import read_metrics, reward_first_last, truncate_metrics
-from grpo_kit.machinery.runs import latest_checkpoint
-from grpo_kit.recipes import load_recipe, parse_set
-from grpo_kit.train import build_grpo_config, train
+from grpo_kit.callbacks import read_metrics, reward_first_last, truncate_metrics
+from grpo_kit.config import load_recipe
+from grpo_kit.runs import latest_checkpoint
+from grpo_kit.train import run_folder, train
 
 
-def test_cpu_config_turns_off_gpu_defaults(tmp_path):
-    config = build_grpo_config(load_recipe("cpu"), tmp_path, on_cpu=True)
+def test_cpu_config_turns_off_gpu_defaults():
+    config = load_recipe("cpu").grpo
     assert config.use_cpu is True
-    assert config.bf16 is False and config.fp16 is False  # TRL 1.x defaults bf16 on: that breaks CPUs
+    assert config.bf16 is False and config.fp16 is False  # TRL 1.x turns bf16 on by default: that breaks CPUs
     assert config.gradient_checkpointing is False
-    assert config.num_generations == load_recipe("cpu").num_generations
     assert config.reward_weights[-1] == 0.0  # the format_rate metric never shapes the loss
 
 
-def test_t4_config_uses_fp16(tmp_path):
-    config = build_grpo_config(load_recipe("t4-16gb"), tmp_path, on_cpu=False) if _can_build_gpu_config() else None
-    if config is None:
-        pytest.skip("this TRL refuses fp16 without a GPU")
-    assert config.fp16 is True and config.bf16 is False
+def test_bf16_on_a_cpu_is_refused_before_anything_is_written(tmp_path, no_model_load):
+    with pytest.raises(GrpoKitError, match="bf16"):
+        train(load_recipe("cpu", bf16=True), data="sample", output_dir=tmp_path / "run")
+    assert not (tmp_path / "run").exists()
 
 
-def _can_build_gpu_config() -> bool:
-    try:
-        build_grpo_config(load_recipe("t4-16gb"), "/tmp/grpo-kit-probe", on_cpu=False)
-    except (ValueError, GrpoKitError):
-        return False
-    return True
-
-
-def test_fp16_on_cpu_is_refused(tmp_path):
-    preset = load_recipe("cpu").with_overrides(precision="fp16")
-    with pytest.raises(GrpoKitError, match="GPU"):
-        build_grpo_config(preset, tmp_path, on_cpu=True)
-
-
-def test_override_is_applied(tmp_path):
-    config = build_grpo_config(load_recipe("cpu", loss_type="dr_grpo", beta=0.04), tmp_path, on_cpu=True)
-    assert config.loss_type == "dr_grpo" and config.beta == 0.04
-
-
-def test_parse_overrides_reads_json_values_and_rejects_garbage():
-    assert parse_set(["beta=0.1", "loss_type=grpo", "log_completions=false"]) == {
-        "beta": 0.1,
-        "loss_type": "grpo",
-        "log_completions": False,
-    }
-    with pytest.raises(GrpoKitError, match="KEY=VALUE"):
-        parse_set(["beta"])
+def test_output_dir_in_a_recipe_is_the_run_folder_and_a_second_one_is_refused(tmp_path, no_model_load):
+    recipe = load_recipe("cpu", output_dir=str(tmp_path / "mine"))
+    assert run_folder(recipe) == tmp_path / "mine"
+    assert run_folder(recipe, tmp_path / "mine") == tmp_path / "mine"
+    with pytest.raises(GrpoKitError, match="keep one of them"):
+        train(recipe, data="sample", output_dir=tmp_path / "other")
 
 
 def test_latest_checkpoint_skips_half_written(tmp_path, fake_checkpoint):
@@ -99,7 +76,7 @@ def test_resume_without_checkpoint_is_explained(tmp_path):
 
 def _tiny_preset(tiny_model_dir, **changes):
     settings = dict(
-        model=str(tiny_model_dir),
+        model_name_or_path=str(tiny_model_dir),
         max_steps=2,
         num_generations=2,
         per_device_train_batch_size=2,
@@ -128,8 +105,8 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     from grpo_kit.rewards import REWARDS
 
     monkeypatch.setitem(REWARDS, "toy_length", toy_length)
-    result = train(_tiny_preset(tiny_model_dir), data="arithmetic", output_dir=tmp_path / "run",
-                   overrides={"rewards": "toy_length"})
+    recipe = _tiny_preset(tiny_model_dir, reward_funcs=["toy_length", "format_rate"], reward_weights=[1.0, 0.0])
+    result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     assert result.steps == 2
     assert (result.adapter_dir / "adapter_config.json").is_file()
     weights = load_file(result.adapter_dir / "adapter_model.safetensors")
@@ -141,16 +118,17 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     assert [row["step"] for row in rows] == [1, 2]
     assert {"reward", "format_rate", "reward/toy_length", "frac_reward_zero_std"} <= set(rows[0])
     run_info = json.loads((result.run_dir / "run.json").read_text())
-    assert run_info["rewards"] == ["toy_length"]
+    assert run_info["rewards"] == ["toy_length", "format_rate"]
 
 
 def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
     """A reward written by the learner (in a notebook cell, say) is passed as a function, no registry involved."""
-    result = train(_tiny_preset(tiny_model_dir, max_steps=1), data="arithmetic", output_dir=tmp_path / "run",
-                   overrides={"rewards": [(toy_length, 2.0)]})
+    recipe = _tiny_preset(tiny_model_dir, max_steps=1, reward_funcs=[toy_length], reward_weights=[2.0])
+    result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     rows = read_metrics(result.metrics_path)
     assert "reward/toy_length" in rows[0]
-    assert json.loads((result.run_dir / "run.json").read_text())["recipe"]["rewards"] == {"toy_length": 2.0}
+    recorded = json.loads((result.run_dir / "run.json").read_text())["recipe"]
+    assert recorded["reward_funcs"] == [f"{__name__}:toy_length"] and recorded["reward_weights"] == [2.0]
 
 
 @pytest.mark.slow
@@ -194,17 +172,10 @@ def test_gpu_preset_on_cpu_is_refused_before_any_weights_load(tmp_path, monkeypa
 
 
 def test_bf16_on_a_t4_is_refused_with_the_fix():
-    from grpo_kit.machinery.planner import check_device
-    from grpo_kit.machinery.runtime import DeviceInfo
+    from grpo_kit.models import DeviceInfo
+    from grpo_kit.planner import check_device
 
     t4 = DeviceInfo(kind="cuda", name="Tesla T4", vram_gb=14.7, bf16=False)
     with pytest.raises(GrpoKitError, match="fp16"):
         check_device(load_recipe("l4-24gb"), t4)
-    check_device(load_recipe("t4-16gb"), t4)  # the T4 preset itself is fine
-
-
-def test_run_info_masks_secret_overrides():
-    from grpo_kit.machinery.runs import run_info
-
-    info = run_info(load_recipe("cpu"), data="sample", overrides={"hub_token": "hf_x", "beta": 0.1}, reward_names=[])
-    assert info["overrides"] == {"hub_token": "***", "beta": 0.1}
+    check_device(load_recipe("t4-16gb"), t4)  # the T4 recipe itself is fine

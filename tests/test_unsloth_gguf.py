@@ -1,10 +1,10 @@
 """GGUF through Unsloth, run on CPU with a stand-in ``unsloth`` package (the real one needs a GPU).
 
-The stand-in behaves like Unsloth 2026.10.7's ``save_pretrained_gguf`` where the kit depends on it: it writes a
-merged checkpoint into ``save_directory``, the ``.gguf`` (a real one, made with the kit's CPU writer so the
-verification has something true to check) plus a Modelfile into the sibling ``<save_directory>_gguf``, and
-returns ``{"gguf_files": [...]}``. It lives only on the child process's PYTHONPATH, so an export that imported
-Unsloth in its own process would fail here.
+The stand-in behaves like Unsloth 2026.10.7's ``save_pretrained_gguf`` where the kit depends on it: it takes a list
+of types (one merge for all), writes a merged checkpoint into ``save_directory``, one ``.gguf`` per type (a real one,
+made with the kit's CPU writer so the checks have something true to check) plus a Modelfile into the sibling
+``<save_directory>_gguf``, and returns ``{"gguf_files": [...]}``. It lives only on the child process's PYTHONPATH, so
+an export that imported Unsloth in its own process would fail here.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
+import grpo_kit.gguf as gguf_module
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.export import export
-from grpo_kit.machinery import export_weights, unsloth_gguf
-from grpo_kit.machinery.unsloth_gguf import move_gguf_files, parse_gguf_types
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,10 +48,11 @@ class _Merged:
         (gguf_dir / "Modelfile").write_text("FROM ./model.gguf\\n")
         files = []
         if not os.environ.get("FAKE_UNSLOTH_NO_FILES"):
-            from grpo_kit.machinery.gguf_export import write_gguf
+            from grpo_kit.gguf import write_gguf
 
-            path = gguf_dir / f"{save.name}.{quantization_method.upper()}.gguf"
-            files.append(str(write_gguf(self.model, tokenizer, path, quantization_method)))
+            for kind in quantization_method:
+                path = gguf_dir / f"{save.name}.{kind.upper()}.gguf"
+                files.append(str(write_gguf(self.model, tokenizer, path, kind)))
         return {"save_directory": str(save), "gguf_directory": str(gguf_dir), "gguf_files": files}
 
 
@@ -96,7 +96,7 @@ def fake_unsloth(tmp_path, monkeypatch):
     log = tmp_path / "unsloth-calls.jsonl"
     monkeypatch.setenv("FAKE_UNSLOTH_LOG", str(log))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(unsloth_gguf, "gguf_route", lambda *args: "unsloth")
+    monkeypatch.setattr(gguf_module, "gguf_route", lambda *args: "unsloth")
     return lambda: [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -107,14 +107,14 @@ def test_unsloth_gguf_is_taken_from_the_returned_paths_and_verified(adapter, tin
     target = out / "u"
     assert [r.format for r in results] == ["gguf"]
     assert results[0].path == target / "gguf" / "u-q8_0.gguf" and results[0].path.is_file()
-    assert results[0].max_abs_diff <= results[0].tolerance
+    assert results[0].max_abs_diff <= results[0].tolerance and "weights, not logits" in results[0].detail
     # Only the .gguf was taken: not the writer's Modelfile nor its merged checkpoint; no scratch folder is left.
     assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "u-q8_0.gguf"]
     assert (target / "gguf" / "Modelfile").read_text().startswith("FROM ./u-q8_0.gguf")
     assert sorted(p.name for p in out.iterdir()) == ["u"]
     load, save = fake_unsloth()
     assert load["load_in_4bit"] is False and load["base"] == str(tiny_model_dir)
-    assert save["quantization_method"] == "q8_0"
+    assert save["quantization_method"] == ["q8_0"]
     assert ".u.partial-" in save["save_directory"] and not Path(save["save_directory"]).exists()
     assert "unsloth" not in sys.modules  # the verification ran on plain transformers
 
@@ -137,36 +137,28 @@ def test_unsloth_crash_reports_its_last_output(adapter, tiny_model_dir, tmp_path
 
 
 def test_k_quants_are_accepted_and_routed_to_unsloth_only(adapter, tiny_model_dir, tmp_path, monkeypatch):
-    assert parse_gguf_types("F16, q4_k_m") == ["f16", "q4_k_m"]
+    assert gguf_module.parse_gguf_types("F16, q4_k_m") == ["f16", "q4_k_m"]
     with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
-        parse_gguf_types("q3_k_s")
+        gguf_module.parse_gguf_types("q3_k_s")
     from grpo_kit.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    assert unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
-    with pytest.raises(GrpoKitError, match="k-quants"):  # no GPU here: the CPU writer's message names the way out
-        unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
+    assert gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
+    with pytest.raises(GrpoKitError, match="k-quants.*Unsloth"):  # no GPU here: the message names the way out
+        gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
     import importlib.util
 
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
-    assert unsloth_gguf.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
-
-
-def test_several_files_keep_their_names(tmp_path):
-    shards = [tmp_path / "m-00001-of-00002.gguf", tmp_path / "m-00002-of-00002.gguf"]
-    for shard in shards:
-        shard.write_bytes(b"GGUF")
-    moved = move_gguf_files(shards, tmp_path / "gguf", "name-q8_0")
-    assert [p.name for p in moved] == [s.name for s in shards] and all(p.is_file() for p in moved)
+    assert gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
 
 
 @pytest.fixture
 def small_gpu(monkeypatch):
     """Pretend the 16-bit base does not fit in GPU memory (a 7-8B model on a T4/L4)."""
-    monkeypatch.setattr(export_weights, "base_too_big_for_gpu", export_weights.local_base)
+    monkeypatch.setattr(gguf_module, "base_too_big_for_gpu", gguf_module.local_base)
 
 
 def test_a_base_too_big_for_the_gpu_is_merged_by_unsloth_and_checked_weight_by_weight(
@@ -175,22 +167,23 @@ def test_a_base_too_big_for_the_gpu_is_merged_by_unsloth_and_checked_weight_by_w
     results = export(adapter, ("lora", "merged16", "gguf"), base_model=str(tiny_model_dir), out_dir=out, name="t4",
                      gguf_type="q8_0,f16")
 
-    assert [r.format for r in results] == ["lora", "merged16", "gguf", "gguf"]
+    assert [r.format for r in results] == ["lora", "gguf", "gguf", "merged16"]
     assert all("weights, not logits" in r.detail and r.mean_abs_diff < r.mean_abs_diff_base for r in results[1:])
     target = out / "t4"
     assert (target / "merged16" / "model.safetensors").is_file() and (target / "merged16" / "tokenizer.json").is_file()
     assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "t4-f16.gguf", "t4-q8_0.gguf"]
     assert sorted(p.name for p in out.iterdir()) == ["t4"]  # no scratch folder left
     calls = fake_unsloth()
+    loads = [c for c in calls if "base" in c]
+    assert len(loads) == 1 and loads[0]["load_in_4bit"]  # one child, one load, one merge for every GGUF type
     assert [c.get("save_method") or c.get("quantization_method") for c in calls if "base" not in c] == [
-        "merged_16bit", "q8_0", "f16"]
-    assert all(c["load_in_4bit"] for c in calls if "base" in c)
+        "merged_16bit", ["q8_0", "f16"]]
 
 
 def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_model_dir, tmp_path, fake_unsloth,
                                                                  small_gpu, monkeypatch):
     monkeypatch.setenv("FAKE_UNSLOTH_NO_LORA", "1")
     out = tmp_path / "exports"
-    with pytest.raises(GrpoKitError, match="merged16.*(LoRA is missing|limit)"):
+    with pytest.raises(GrpoKitError, match="merged16.*(LoRA weights are missing|limit)"):
         export(adapter, ("merged16",), base_model=str(tiny_model_dir), out_dir=out, name="t4")
     assert list(out.iterdir()) == []

@@ -6,8 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.machinery.plots import metrics_figure
-from grpo_kit.machinery.watch import CompletionSamples
+from grpo_kit.callbacks import CompletionSamples
 
 
 def tagged(completions, **kwargs):
@@ -54,21 +53,35 @@ def test_table_printed_every_n_steps(step, printed):
         assert "tagged=1" in out[0]
 
 
+def test_reward_models_and_async_rewards_pass_unrecorded():
+    import torch
+
+    async def remote(completions, **kwargs):
+        return [0.0 for _ in completions]
+
+    module = torch.nn.Linear(1, 1)
+    wrapped = CompletionSamples(every=1).wrap([tagged, remote, module])
+    assert wrapped[0] is not tagged and wrapped[1] is remote and wrapped[2] is module
+
+
 def test_train_shows_completions(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
     from grpo_kit.rewards import REWARDS
     from grpo_kit.train import train
 
     monkeypatch.setitem(REWARDS, "toy_length", length)
-    preset = load_recipe("cpu", model=str(tiny_model_dir), max_steps=1, num_generations=2, per_device_train_batch_size=2,
-                        gradient_accumulation_steps=1, max_completion_length=8, save_steps=1, few_shot=0)
-    train(preset, data="arithmetic", output_dir=tmp_path / "run", overrides={"rewards": "toy_length"}, show_completions=1)
+    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), max_steps=1, num_generations=2,
+                         per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=8,
+                         save_steps=1, few_shot=0, reward_funcs=["toy_length", "format_rate"], reward_weights=[1.0, 0.0])
+    train(recipe, data="arithmetic", output_dir=tmp_path / "run", show_completions=1)
     out = capsys.readouterr().out
     assert "step 1: sampled completions and their rewards" in out
     assert "length=" in out and "format_rate=" in out
 
 
 def test_zero_variance_share_is_plotted():
+    from grpo_kit.plots import metrics_figure  # helper H's plotting module
+
     rows = [{"step": 1, "reward": 0.1, "frac_reward_zero_std": 1.0}, {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.25}]
     fig = metrics_figure(rows)
     zero = fig.axes[2]

@@ -14,7 +14,7 @@ The story, in four steps, each one call into the kit:
 The default task (``format``) shows *format learning*: GSM8K accuracy of a 135M model stays near zero; the README says
 so. ``--task arithmetic`` shows *answer learning*: the ``cpu-answers`` recipe on one-step synthetic arithmetic, where
 the prompt already gives the format and the correctness reward carries the signal; "before"/"after" are then strict
-accuracy on held-out arithmetic problems with 95 % intervals (``grpo_kit.machinery.stats``).
+accuracy on held-out arithmetic problems with 95 % intervals (``grpo_kit.evaluate.paired_difference``).
 """
 
 from __future__ import annotations
@@ -64,23 +64,19 @@ def run_demo(
 ) -> dict:
     """Run the whole demo for ``task`` (``TASKS``); returns a dict with the train result, eval results (and, for
     arithmetic, ``"change"``: a ``stats.PairedDifference``) and export results."""
-    from grpo_kit.machinery.embedded import EMBEDDED_ID
-    from grpo_kit.machinery.plots import plot_metrics
-    from grpo_kit.machinery.runtime import set_torch_threads
-    from grpo_kit.models import load_inference_model
-    from grpo_kit.recipes import load_recipe
+    from grpo_kit.config import load_recipe
+    from grpo_kit.models import EMBEDDED_ID, load_inference_model, set_torch_threads
+    from grpo_kit.plots import plot_metrics
     from grpo_kit.train import train
 
     spec = demo_task(task)
     started = time.time()
     threads = set_torch_threads()
-    preset = load_recipe(spec.preset)
-    if max_steps is not None:
-        preset = preset.with_overrides(max_steps=max_steps)
+    preset = load_recipe(spec.preset, **({} if max_steps is None else {"max_steps": max_steps}))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(output_dir or Path("runs") / f"demo-{stamp}")
     print_fn(f"grpo-kit demo --task {task}: GRPO teaches {spec.what}")
-    print_fn(f"preset {preset.name!r} ({EMBEDDED_ID}), {preset.max_steps} GRPO steps on {threads} CPU threads")
+    print_fn(f"preset {preset.name!r} ({EMBEDDED_ID}), {preset.grpo.max_steps} GRPO steps on {threads} CPU threads")
     print_fn(f"run folder: {run_dir}\n")
     outcome: dict = {"run_dir": run_dir}
 
@@ -95,8 +91,8 @@ def run_demo(
         del base_model
 
     print_fn(
-        f"[2/4] training: {preset.max_steps} steps x {preset.prompts_per_step} question(s) x "
-        f"{preset.num_generations} completions, on {spec.train_data}"
+        f"[2/4] training: {preset.grpo.max_steps} steps x {preset.prompts_per_step} question(s) x "
+        f"{preset.grpo.num_generations} completions, on {spec.train_data}"
     )
     result = train(preset, data=spec.train_data, output_dir=run_dir)
     outcome["train"] = result
@@ -105,7 +101,7 @@ def run_demo(
     print_fn(f"reward plot: {outcome['plot']}\n")
 
     if evaluate_model:
-        from grpo_kit.machinery.eval_report import compare
+        from grpo_kit.evaluate import compare
 
         print_fn("[3/4] after: the same held-out questions with the trained adapter")
         tuned_model, tokenizer = load_inference_model(EMBEDDED_ID, adapter=result.adapter_dir)
@@ -143,7 +139,7 @@ def demo_task(name: str) -> DemoTask:
 
 def strict_change(before, after):
     """Paired before/after change in strict accuracy of two ``EvalResult`` on the same questions."""
-    from grpo_kit.machinery.stats import paired_difference
+    from grpo_kit.evaluate import paired_difference
 
     return paired_difference([row["correct_strict"] for row in before.rows], [row["correct_strict"] for row in after.rows])
 
@@ -157,9 +153,9 @@ def _evaluate(model, tokenizer, dataset, preset, max_new_tokens=DEMO_EVAL_TOKENS
         dataset,
         max_new_tokens=max_new_tokens,
         batch_size=DEMO_EVAL_BATCH,
-        few_shot=preset.few_shot,
-        prefill=preset.prefill,
-        seed=preset.seed,
+        few_shot=preset.kit.few_shot,
+        prefill=preset.kit.prefill,
+        seed=preset.grpo.seed,
     )
 
 
@@ -172,7 +168,7 @@ def first_vs_last_table(history: list[dict], window: int = 3) -> str:
     reward                 0.100          0.900
     format_rate            0.000          1.000
     """
-    from grpo_kit.machinery.metrics import reward_first_last
+    from grpo_kit.callbacks import reward_first_last
 
     logged = sum(1 for row in history if isinstance(row.get("reward"), (int, float)))
     window = max(1, min(window, logged // 2 or 1))  # the same window reward_first_last uses

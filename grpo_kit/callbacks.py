@@ -1,0 +1,384 @@
+"""What keeps a run safe and visible, as trainer callbacks and reward wrappers that ``train`` and notebook 00 plug in.
+
+TRL 1.x is forgiving where a run should stop: it reads a NaN reward as "not applicable" (``nansum``, advantages
+``nan_to_num``), transformers' ``logging_nan_inf_filter`` hides a NaN loss, and a dataset smaller than one generation
+batch trains **zero** steps. So:
+
+- ``guard_rewards(funcs)``: each reward's scores are checked as they are produced (NaN/inf -> ``NumericsError``
+  naming the reward, the step and the completion; ``None`` keeps TRL's meaning, "not applicable").
+- ``NumericsGuard``: a NaN/inf ``loss``, ``grad_norm`` or reward in a log stops the run from ``on_log``, i.e. before
+  that step's checkpoint is written, so the last checkpoint on disk is the last good one.
+- ``guard_numerics(trainer, run_dir)``: around ``trainer.train()``, sampling from broken weights and CUDA running out
+  of memory become one clear message each. ``check_saved_adapter``: a run is done only when its adapter is finite.
+- ``MetricsLogger`` (``metrics.jsonl``) and ``CompletionSamples`` (sampled completions with each reward's score).
+
+>>> non_finite({"loss": float("nan"), "grad_norm": 1.0, "rewards/format/mean": float("inf"), "epoch": 0.1})
+[('loss', nan), ('reward/format', inf)]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.runs import ADAPTER_WEIGHTS, adapter_weights_problem, atomic_write_text, latest_checkpoint
+
+#: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
+FP16_GRAD_NORM_PATIENCE = 3
+#: Metrics copied into metrics.jsonl (plus every ``rewards/<name>/mean``, as ``reward/<name>``). ``reward`` is the
+#: one meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch.
+TRACKED = ("loss", "grad_norm", "learning_rate", "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
+           "completions/clipped_ratio", "kl", "entropy", "step_time", "epoch")
+
+
+class NumericsError(GrpoKitError):
+    """A NaN/inf showed up during training; ``step`` is the optimizer step (1-based), ``metric`` what was bad."""
+
+    def __init__(self, message: str, *, step: int | None, metric: str, value: Any = None):
+        super().__init__(message)
+        self.step, self.metric, self.value = step, metric, value
+
+
+def is_finite_number(value: Any) -> bool:
+    """True for a real number that is not NaN or ±inf; None, bools and text are False."""
+    if isinstance(value, (bool, str, bytes)) or value is None:
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(name, value)`` of each NaN/inf ``loss``, ``grad_norm``, ``reward`` or ``rewards/<name>/mean`` in a log."""
+    bad = []
+    for key, value in logs.items():
+        name = "reward/" + key[8:-5] if key.startswith("rewards/") and key.endswith("/mean") else key
+        if (name in ("loss", "grad_norm", "reward") or name.startswith("reward/")) and not is_finite_number(value):
+            if isinstance(value, float):  # absent or not a number (text): not looked at
+                bad.append((name, value))
+    return bad
+
+
+def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
+    if run_dir is None:
+        return ""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        return f" No complete checkpoint was written in {run_dir} yet, so the run has to start again."
+    resume = f"`grpo-kit train ... --output {run_dir} --resume` (or train(..., resume=True))"
+    if checkpoint_is_clean:
+        return f" The last complete checkpoint, {checkpoint}, was written before the problem: after the fix, continue with {resume}."
+    return (f" The last complete checkpoint is {checkpoint}, but the weights may have broken in the update it holds: "
+            f"after the fix, continue with {resume}; if that fails the same way, move that checkpoint folder out of "
+            f"{run_dir} and resume from the one before.")
+
+
+def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkpoint_is_clean: bool = True,
+                   detail: str = "") -> NumericsError:
+    """What was bad at which step, what to change, and where to resume from."""
+    if metric.startswith("reward/"):
+        fix = (f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
+               "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs.")
+    else:
+        fix = ("The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
+               "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
+               "card; on CPU the 'cpu' recipe trains in fp32.")
+    where = f"at step {step}" if step is not None else "during training"
+    message = (f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
+               f"instead of training on silently (nothing from this step was saved). {fix}{detail}")
+    return NumericsError(message + _resume_hint(run_dir, checkpoint_is_clean), step=step, metric=metric, value=value)
+
+
+# --------------------------------------------------------------------------------------------- rewards
+
+
+def _plain(fn) -> bool:
+    """A plain synchronous function: reward models (``nn.Module``) and async functions are called differently by TRL."""
+    import torch
+    from trl.trainer.utils import is_async_callable
+
+    return callable(fn) and not isinstance(fn, torch.nn.Module) and not is_async_callable(fn)
+
+
+class _Wrapped:
+    """A reward function with TRL's name for it (TRL logs ``rewards/<name>/mean``); picklable when ``fn`` is."""
+
+    def __init__(self, fn):
+        from trl.trainer.utils import get_callable_name
+
+        self.fn, self.__name__ = fn, get_callable_name(fn)
+
+
+class CheckedReward(_Wrapped):
+    """A reward function whose every score is checked: NaN/inf raises ``NumericsError`` (None passes through)."""
+
+    def __init__(self, fn, run_dir: str | os.PathLike | None = None):
+        super().__init__(fn)
+        self.run_dir = run_dir
+
+    def __call__(self, *args, **kwargs):
+        scores = self.fn(*args, **kwargs)
+        for index, score in enumerate(scores):
+            if score is not None and not is_finite_number(score):
+                state = kwargs.get("trainer_state")
+                completions = kwargs.get("completions", args[0] if args else None) or []
+                text = _excerpt(_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
+                raise numerics_error(state.global_step + 1 if state else None, f"reward/{self.__name__}", score,
+                                     self.run_dir, detail=f" (completion {index}: {text!r})")
+        return scores
+
+
+def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
+    """Each plain reward function wrapped in ``CheckedReward``; reward models and async functions pass unchanged."""
+    return [CheckedReward(fn, run_dir) if _plain(fn) and not isinstance(fn, CheckedReward) else fn for fn in funcs]
+
+
+# --------------------------------------------------------------------------------------------- trainer callbacks
+
+
+class NumericsGuard(TrainerCallback):
+    """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward.
+
+    ``grad_norm_patience``: consecutive non-finite ``grad_norm`` logs allowed; by default ``FP16_GRAD_NORM_PATIENCE``
+    under fp16 (the loss scaler skips such steps on purpose) and 1 otherwise.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike | None = None, grad_norm_patience: int | None = None):
+        self.run_dir, self.grad_norm_patience, self.bad_grad_norms = run_dir, grad_norm_patience, 0
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        bad = non_finite(logs or {})
+        grad = [item for item in bad if item[0] == "grad_norm"]
+        self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
+        patience = self.grad_norm_patience or (FP16_GRAD_NORM_PATIENCE if getattr(args, "fp16", False) else 1)
+        fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
+        if fatal:
+            raise numerics_error(state.global_step, *fatal[0], self.run_dir)
+
+
+@contextlib.contextmanager
+def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
+    """Around ``trainer.train()``: sampling from NaN/inf weights becomes a ``NumericsError``, and CUDA running out of
+    memory a ``GrpoKitError`` listing the settings that lower memory and the checkpoint to resume from."""
+    import torch
+
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        raise GrpoKitError(
+            f"The GPU ran out of memory at step {trainer.state.global_step + 1} ({str(error).splitlines()[0][:160]}). "
+            "Lower the memory a step needs: shorter completions (--set max_completion_length=N), fewer completions "
+            "per forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a "
+            "smaller group (--set num_generations=N), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), "
+            "or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the estimate (docs/VRAM.md)."
+            + _resume_hint(run_dir)) from error
+    except RuntimeError as error:  # torch.multinomial and friends on NaN/inf probabilities
+        if not any(m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")):
+            raise
+        raise numerics_error(trainer.state.global_step + 1, "the model's output (sampling probabilities)", "NaN/inf",
+                             run_dir, checkpoint_is_clean=False) from error
+
+
+class MetricsLogger(TrainerCallback):
+    """Append each training log as one JSON line to ``path`` (``metrics.jsonl``; the plots and resume read it)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not logs or not state.is_world_process_zero or "train_runtime" in logs:
+            return
+        row = {"step": state.global_step}
+        for key, value in logs.items():
+            if key.startswith("rewards/") and key.endswith("/mean"):
+                name = key[8:-5]
+                row[name if name == "format_rate" else f"reward/{name}"] = value
+            elif key in TRACKED:
+                row[key] = value
+        with open(self.path, "a", encoding="utf-8") as handle:
+            handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after ``last_step`` (a resumed run logs them again)."""
+    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
+    atomic_write_text(path, "".join(dumps_finite(row) + "\n" for row in rows))
+
+
+def reward_first_last(history: list[dict], window: int = 3, key: str = "reward") -> tuple[float | None, float | None]:
+    """Mean of ``key`` over the first and the last ``window`` logged steps.
+
+    >>> reward_first_last([{"reward": 0.0}, {"reward": 0.2}, {"reward": 0.8}, {"reward": 1.0}], window=2)
+    (0.1, 0.9)
+    """
+    values = [row[key] for row in history if isinstance(row.get(key), (int, float))]
+    if not values:
+        return None, None
+    window = max(1, min(window, len(values) // 2 or 1))
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+class CompletionSamples(TrainerCallback):
+    """Watch GRPO learn: the latest batch's completions with each reward's score, printed every ``every`` steps.
+
+    A loss near 0 says nothing in GRPO; what shows learning is what the model writes and how the rewards score it.
+    ``reward_funcs=samples.wrap(funcs)`` records the scores (TRL sees the same names and results); notebooks show
+    ``samples.rows()`` as a table.
+    """
+
+    def __init__(self, every: int, rows: int = 4, printer=print):
+        self.every, self.max_rows, self.printer = every, rows, printer
+        self.completions, self.questions, self.scores = [], [], {}
+
+    def wrap(self, funcs) -> list:
+        return [_Recorded(fn, self) if _plain(fn) else fn for fn in funcs]
+
+    def rows(self) -> list[dict]:
+        """Up to ``rows`` completions spread over the batch (so different questions show), with their scores."""
+        n = len(self.completions)
+        picked = list(range(0, n, max(1, n // self.max_rows)))[: self.max_rows]
+        return [{"question": _excerpt(_text(self.questions[i]), head=60, tail=0),
+                 "completion": _excerpt(_text(self.completions[i])),
+                 **{name: scores[i] for name, scores in self.scores.items()}} for i in picked]
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not (self.every and state.global_step % self.every == 0 and state.is_world_process_zero):
+            return
+        lines = [f"step {state.global_step}: sampled completions and their rewards"]
+        for row in self.rows():
+            scores = "  ".join(f"{k}={'n/a' if v is None else format(v, 'g')}" for k, v in row.items()
+                               if k not in ("question", "completion"))
+            lines.append(f"  Q: {row['question']}\n  A: {row['completion']}\n     {scores}")
+        self.printer("\n".join(lines) if len(lines) > 1 else f"step {state.global_step}: no completions recorded yet")
+
+
+class _Recorded(_Wrapped):
+    """A reward function that also hands its scores to a ``CompletionSamples``; same name, same result."""
+
+    def __init__(self, fn, sink: CompletionSamples):
+        super().__init__(fn)
+        self.sink = sink
+
+    def __call__(self, *args, **kwargs):
+        scores = self.fn(*args, **kwargs)
+        sink, completions = self.sink, kwargs.get("completions") or []
+        if completions is not sink.completions:  # a new generation batch: forget the previous one's scores
+            sink.completions, sink.scores = completions, {}
+            sink.questions = list(kwargs.get("question") or kwargs.get("prompts") or [""] * len(completions))
+        sink.scores[self.__name__] = list(scores)
+        return scores
+
+
+def _text(item) -> str:
+    """Plain text of a completion or prompt: a string, or the last message of a chat list."""
+    if isinstance(item, list) and item and isinstance(item[-1], dict):
+        return str(item[-1].get("content", ""))
+    return str(item)
+
+
+def _excerpt(text: str, head: int = 40, tail: int = 70) -> str:
+    """One line: the start and the end of ``text`` (where the answer tag is), newlines shown as ``⏎``.
+
+    >>> _excerpt("x" * 50 + "<answer>4</answer>", head=5, tail=20)
+    'xxxxx … xx<answer>4</answer>'
+    """
+    flat = text.replace("\n", "⏎")
+    return flat if len(flat) <= head + tail + 3 else flat[:head] + " … " + (flat[-tail:] if tail else "")
+
+
+# --------------------------------------------------------------------------------------------- data and adapters
+
+
+def check_dataset_size(n_prompts: int, config, *, source: str, filtered: int = 0,
+                       max_prompt_tokens: int | None = None) -> None:
+    """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
+
+    Counted from the ``GRPOConfig``: TRL's generation batch spans every process, and its ``RepeatSampler`` drops an
+    incomplete batch, so fewer prompts than one batch's yield no step at all.
+    """
+    needed = config.generation_batch_size // config.num_generations
+    dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
+    if n_prompts < needed:
+        raise GrpoKitError(
+            f"The training data '{source}' has {n_prompts} usable prompt(s){dropped if filtered else ''}, but one "
+            f"optimizer step needs {needed} distinct prompts (generation batch {config.generation_batch_size} = "
+            f"per_device_train_batch_size {config.per_device_train_batch_size} x gradient_accumulation_steps "
+            f"{config.gradient_accumulation_steps}, in groups of num_generations={config.num_generations}); TRL would "
+            "train 0 steps. Use more data (--data sample has 50 questions, --data arithmetic 256), or lower --set "
+            "per_device_train_batch_size / gradient_accumulation_steps"
+            + (", or raise --set max_prompt_length." if filtered else "."))
+    if filtered:
+        warnings.warn(f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "
+                      f"left out of training ({n_prompts} kept). Raise max_prompt_length (--set max_prompt_length=N) "
+                      "to keep them.", stacklevel=2)
+
+
+def dumps_finite(value: Any, **kwargs) -> str:
+    """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers.
+
+    >>> dumps_finite({"loss": float("nan"), "rows": [1.5, float("inf")]})
+    '{"loss": null, "rows": [1.5, null]}'
+    """
+    def finite(item):
+        if isinstance(item, float):
+            return item if math.isfinite(item) else None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        return [finite(v) for v in item] if isinstance(item, (list, tuple)) else item
+
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
+
+
+def _non_finite_tensors(adapter_dir: str | os.PathLike) -> list[str]:
+    import torch
+    from safetensors.torch import load_file
+
+    tensors = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
+    return sorted(name for name, tensor in tensors.items() if not bool(torch.isfinite(tensor.float()).all()))
+
+
+def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
+    """Refuse an adapter whose weights file is unreadable or holds NaN/inf (``use``: what was asked): a NaN adapter
+    would otherwise be exported and "verified" (NaN compares false with any limit) or evaluated as a model."""
+    if problem := adapter_weights_problem(adapter_dir):
+        raise GrpoKitError(f"Cannot {use}: {problem}. Use another checkpoint-N folder of the run, or train again.")
+    if bad := _non_finite_tensors(adapter_dir):
+        raise GrpoKitError(f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights ({len(bad)} tensor(s), e.g. "
+                           f"{bad[0]}); training diverged. Use an earlier checkpoint-N folder of the run, or train again "
+                           "with a lower --set learning_rate=...")
+
+
+def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
+    """A run is done only when its adapter is finite: NaN/inf weights are moved to ``adapter.nonfinite`` and reported.
+
+    The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
+    broke the weights (an inf learning rate does exactly that).
+    """
+    if bad := _non_finite_tensors(adapter_dir):
+        aside = run_dir / "adapter.nonfinite"
+        shutil.rmtree(aside, ignore_errors=True)
+        os.rename(adapter_dir, aside)
+        error = numerics_error(step, "the final adapter", f"NaN/inf in {len(bad)} tensor(s)", run_dir,
+                               checkpoint_is_clean=False, detail=f" The broken adapter was moved to {aside}.")
+        error.metric, error.value = "adapter", bad[0]
+        raise error

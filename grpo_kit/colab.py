@@ -1,0 +1,150 @@
+"""Where a notebook keeps its files, on Colab (Google Drive) or on this machine, and the copy of an export to Drive.
+
+The layout is the same everywhere, under ``workspace()``::
+
+    runs/<recipe>/      a training run (what ``grpo-kit train --output`` writes: checkpoints, adapter/, metrics)
+    exports/<name>/     an export (lora/, merged16/, gguf/, README.md, export.json)
+
+On Colab ``workspace()`` is ``MyDrive/grpo-kit`` on the mounted Drive, so a run survives a disconnected runtime; an
+export is large (an 8B model's merged 16-bit copy is 16 GB, more than Drive's free 15 GB), so it is written to the
+runtime's own disk (``workspace(drive=False)``) and only the parts asked for are copied to Drive, after a check that
+they fit. Nothing here trains, evaluates or exports: the notebooks call those themselves.
+
+NOT RUN ON COLAB: Drive is mounted with ``google.colab.drive.mount``, and its free space is what the mount reports to
+``statvfs`` (``shutil.disk_usage``); the tests stub both.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+
+from grpo_kit.errors import GrpoKitError
+from grpo_kit.models import in_colab
+
+#: Where Colab mounts Google Drive, and the kit's folder on it.
+DRIVE_MOUNT = Path("/content/drive")
+DRIVE_FOLDER = Path("MyDrive") / "grpo-kit"
+#: Set it to put the workspace somewhere else (a scratch disk, a test's temporary folder).
+WORKSPACE_ENV = "GRPO_KIT_WORKSPACE"
+#: Room kept free beyond the copy itself: file-system blocks and metadata, and Drive's own bookkeeping.
+SPACE_MARGIN = 256 * 2**20
+
+
+def mount_drive() -> Path | None:
+    """On Colab: mount Google Drive at ``DRIVE_MOUNT`` (Colab asks for permission once) and return the kit's folder
+    on it. Elsewhere: None, and nothing happens."""
+    if not in_colab():
+        return None
+    if not (DRIVE_MOUNT / "MyDrive").is_dir():  # mounting twice asks twice; once is enough per runtime
+        from google.colab import drive  # importable only on Colab
+
+        drive.mount(str(DRIVE_MOUNT))
+    folder = DRIVE_MOUNT / DRIVE_FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def project_root(start: str | os.PathLike | None = None) -> Path | None:
+    """The nearest folder at or above ``start`` (default: the working directory) holding a grpo-kit checkout.
+
+    A notebook runs with ``notebooks/`` as its working directory; its runs belong in the checkout's ``runs/``
+    (ignored by git), beside those of ``grpo-kit train``.
+    """
+    here = Path(start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "grpo_kit").is_dir():
+            return folder
+    return None
+
+
+def workspace(*, drive: bool = True) -> Path:
+    """The folder that holds ``runs/`` and ``exports/``: ``$GRPO_KIT_WORKSPACE`` when set; on Colab (and ``drive``)
+    ``MyDrive/grpo-kit``, mounting Drive first; else the grpo-kit checkout around the working directory, else the
+    working directory itself (on Colab: ``/content``, the runtime's own disk)."""
+    if os.environ.get(WORKSPACE_ENV):
+        return Path(os.environ[WORKSPACE_ENV]).expanduser().resolve()
+    on_drive = mount_drive() if drive else None
+    return on_drive or project_root() or Path.cwd().resolve()
+
+
+def size_bytes(path: str | os.PathLike) -> int:
+    """Bytes on disk of a file, or of every file under a folder."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def free_bytes(path: str | os.PathLike) -> int:
+    """Free bytes where ``path`` is (or would be created): its nearest existing folder's file system."""
+    path = Path(path).resolve()
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str) -> None:
+    """Refuse, in one line naming a smaller choice that fits, when ``sizes`` (name -> bytes) need more than the free
+    space at ``dest`` minus ``SPACE_MARGIN``."""
+    free = free_bytes(dest) - SPACE_MARGIN
+    needed = sum(sizes.values())
+    if needed <= free:
+        return
+    fits, room = [], free
+    for name, size in sorted(sizes.items(), key=lambda item: item[1]):  # smallest first: keep as many as fit
+        if size <= room:
+            fits.append(name)
+            room -= size
+    smaller = (f"copy only what fits, include={tuple(fits)!r} ({_gb(sum(sizes[n] for n in fits))})" if fits
+               else "nothing of it fits")
+    listing = ", ".join(f"{name} {_gb(size)}" for name, size in sizes.items())
+    raise GrpoKitError(f"Not enough space for {what}: {listing} = {_gb(needed)}, but {dest} has {_gb(max(free, 0))} "
+                       f"free (kept back: {_gb(SPACE_MARGIN)}). Nothing was copied. Either {smaller}, or free space "
+                       "there (on Drive: empty the trash too) and run the cell again.")
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:.2f} GB"
+
+
+def copy_to_drive(folder: str | os.PathLike, *, include: Iterable[str] | None = None,
+                  dest: str | os.PathLike | None = None) -> Path | None:
+    """Copy the entries ``include`` (default: all) of an export ``folder`` to ``dest/<folder name>``; ``dest``
+    defaults to ``exports/`` in the kit's Drive folder. Returns the copy, or None off Colab with no ``dest``.
+
+    The entries' size is checked against the free space at ``dest`` first (``check_fits``): a copy that would not
+    fit is refused with a message, before a byte is written. The copy is assembled beside the target and renamed
+    into place, so an interrupted copy never looks finished; an older copy is renamed aside (``<name>.old-<time>``),
+    never deleted.
+    """
+    from grpo_kit.runs import set_aside
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise GrpoKitError(f"{folder} is not a folder: export first, then copy the export folder.")
+    if dest is None:
+        drive_folder = mount_drive()
+        if drive_folder is None:
+            return None
+        dest = drive_folder / "exports"
+    wanted = None if include is None else set(include)
+    entries = [entry for entry in sorted(folder.iterdir()) if wanted is None or entry.name in wanted]
+    if not entries:
+        raise GrpoKitError(f"Nothing to copy: {folder} has none of {sorted(wanted)}; it holds "
+                           f"{sorted(e.name for e in folder.iterdir())}.")
+    check_fits({entry.name: size_bytes(entry) for entry in entries}, dest, what=f"the copy of {folder.name}")
+    target = Path(dest) / folder.name
+    staging = target.with_name(f".{target.name}.copying")
+    shutil.rmtree(staging, ignore_errors=True)  # a copy interrupted earlier
+    staging.mkdir(parents=True)
+    for entry in entries:
+        if entry.is_dir():
+            shutil.copytree(entry, staging / entry.name)
+        else:
+            shutil.copy2(entry, staging / entry.name)
+    set_aside(target)
+    os.rename(staging, target)
+    return target

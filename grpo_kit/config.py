@@ -1,0 +1,267 @@
+"""Recipes: flat YAML files in ``recipes/`` whose keys are TRL's own fields, parsed by TRL's argument machinery.
+
+A recipe file is what ``trl grpo --config`` reads (open-r1's recipes are the model): every key is a field of
+``trl.GRPOConfig`` (learning_rate, num_generations, bf16, reward_weights, ...), of ``trl.ModelConfig``
+(model_name_or_path, load_in_4bit, lora_r, lora_target_modules, ...) or of ``KitArgs`` below, the few things TRL has
+no field for (prompt format, reward names, the hardware tier). The values go through transformers'
+``HfArgumentParser`` exactly as command-line flags would, so types and choices are TRL's, and building the
+``GRPOConfig`` runs TRL's own checks (the batch rule among them) — no model is loaded for that.
+
+    >>> r = load_recipe("t4-16gb")
+    >>> r.model.model_name_or_path, r.grpo.num_generations, r.prompts_per_step
+    ('unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit', 4, 1)
+    >>> load_recipe("cpu", lora_r=8).model.lora_r
+    8
+
+One override route: ``load_recipe(name, **changes)`` or ``recipe.replace(**changes)`` in code, ``--set KEY=VALUE`` on
+the command line. A value the user sets is never changed behind their back: where the kit needs a value (bf16 off on a
+CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a recipe that contradicts it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_kit.errors import GrpoKitError
+
+
+@dataclass
+class KitArgs:
+    """What a recipe says that TRL has no field for."""
+
+    name: str = field(default="custom", metadata={"help": "the recipe's name (runs/<name>-<time>)"})
+    description: str = field(default="", metadata={"help": "one paragraph: what the tier is for and why"})
+    vram_gb: float = field(default=0.0, metadata={"help": "memory PyTorch reports on the tier's card; 0 = CPU"})
+    backend: str = field(default="auto", metadata={"choices": ["auto", "unsloth", "transformers"],
+                                                   "help": "Unsloth on a GPU, transformers + PEFT otherwise (auto)"})
+    max_seq_length: int = field(default=1024, metadata={"help": "prompt + completion tokens (Unsloth, vLLM)"})
+    few_shot: int = field(default=0, metadata={"help": "worked examples shown before the question"})
+    prefill: str = field(default="", metadata={"help": "text the answer starts with, e.g. '<think>\\n'"})
+    system_prompt: str | None = field(default=None, metadata={"help": "replaces the kit's think/answer instruction"})
+    max_prompt_length: int = field(default=256, metadata={"help": "longer prompts are left out (and counted)"})
+    reward_funcs: list[str] = field(default_factory=lambda: ["correctness", "format"],
+                                    metadata={"help": "built-in reward names (`grpo-kit rewards`) or package.module:function"})
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A parsed recipe: TRL's ``GRPOConfig`` and ``ModelConfig``, the kit's ``KitArgs``, and the values they came from."""
+
+    grpo: Any  # trl.GRPOConfig
+    model: Any  # trl.ModelConfig
+    kit: KitArgs
+    values: Mapping[str, Any]  # what the file and the changes set, nothing else (run.json records it)
+    path: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.kit.name
+
+    @property
+    def rewards(self) -> list[tuple[str, float]]:
+        """(reward name, weight) pairs; TRL weighs every reward 1.0 when ``reward_weights`` is unset."""
+        weights = self.grpo.reward_weights or [1.0] * len(self.kit.reward_funcs)
+        return list(zip(self.kit.reward_funcs, weights, strict=True))
+
+    @property
+    def vllm_colocated(self) -> bool:
+        return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "colocate"
+
+    @property
+    def vllm_server(self) -> bool:
+        return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "server"
+
+    @property
+    def prompts_per_step(self) -> int:
+        """Questions per optimizer step: TRL's generation batch split into groups of ``num_generations``."""
+        return self.grpo.generation_batch_size // self.grpo.num_generations
+
+    def replace(self, **changes: Any) -> Recipe:
+        """A copy with ``changes`` (field names, as in the YAML file) applied and checked again."""
+        return build_recipe({**self.values, **changes}, path=self.path) if changes else self
+
+
+def recipes_dir() -> Path:
+    """The shipped recipes: ``recipes/`` of a checkout, or the copy installed inside the package (see pyproject)."""
+    checkout = Path(__file__).resolve().parent.parent / "recipes"
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "recipes_data"
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as error:
+        raise GrpoKitError(f"Cannot read recipe file {path}: {error.strerror or error}. Check the path.") from error
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise GrpoKitError(f"Recipe file {path} is not valid YAML ({error}). Compare it with recipes/cpu.yaml.") from error
+    if not isinstance(data, dict):
+        raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
+    return data
+
+
+def recipe_names() -> list[str]:
+    """The shipped recipes, smallest tier first (``planner.auto_recipe`` relies on this order)."""
+    tiers = [(float(_read_yaml(p).get("vram_gb") or 0), p.stem) for p in recipes_dir().glob("*.yaml")]
+    return [name for _, name in sorted(tiers)]
+
+
+def load_recipe(name_or_path: str | os.PathLike, **changes: Any) -> Recipe:
+    """A shipped recipe by name (``grpo-kit presets`` lists them) or a YAML file of your own, with ``changes``."""
+    text = str(name_or_path)
+    path = recipes_dir() / f"{text}.yaml"
+    if not path.is_file():
+        path = Path(text)
+        if not (text.endswith((".yaml", ".yml")) or os.sep in text or path.is_file()):
+            hint = difflib.get_close_matches(text, recipe_names(), n=1)
+            raise GrpoKitError(f"Unknown recipe {text!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
+                               + f" Shipped: {', '.join(recipe_names())}; a file of your own: --recipe my_recipe.yaml.")
+    values = {"name": path.stem, **_read_yaml(path), **changes}
+    return build_recipe(values, path=str(path))
+
+
+def parse_set(pairs: list[str]) -> dict[str, Any]:
+    """``--set`` arguments as changes; values are read as JSON where they parse, else kept as text.
+
+    >>> parse_set(["beta=0.04", "model_name_or_path=org/name", "use_vllm=true", "reward_funcs=correctness,format"])
+    {'beta': 0.04, 'model_name_or_path': 'org/name', 'use_vllm': True, 'reward_funcs': 'correctness,format'}
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key.strip():
+            raise GrpoKitError(f"--set expects KEY=VALUE, got '{pair}'.")
+        try:
+            out[key.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip()] = raw
+    return out
+
+
+# --------------------------------------------------------------------------------------------- parsing
+
+
+def build_recipe(values: Mapping[str, Any], *, path: str = "") -> Recipe:
+    """Parse ``values`` (field name -> value) with TRL's parser into a checked ``Recipe``."""
+    values = dict(values)
+    name = str(values.get("name", "custom"))
+    if isinstance(values.get("reward_funcs"), (list, tuple)):  # a function (a notebook cell's) is kept as its import
+        values["reward_funcs"] = [f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # path: run.json
+                                  for f in values["reward_funcs"]]  # can record it, and a resume can import it
+    # Unsloth patches trl/transformers/peft at import: on its backend it must be imported before TRL (see models)
+    from grpo_kit.models import prepare_backend
+
+    prepare_backend(str(values.get("backend", "auto")))
+    parser = _parser(name)
+    known = {a.dest for a in parser._actions}
+    unknown = sorted(k for k in values if k not in known)
+    if unknown:
+        hints = [f"{k} -> {m[0]}" for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.6))]
+        raise GrpoKitError(f"Recipe {name}: unknown field(s) {', '.join(unknown)}." + (f" Did you mean {', '.join(hints)}?"
+                           if hints else "") + " Fields are TRL's GRPOConfig/ModelConfig fields or grpo_kit.config.KitArgs'.")
+    settable = {**_kit_defaults(values, name), **values}
+    argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
+    try:
+        grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:  # TRL's and transformers' own checks in GRPOConfig.__post_init__
+        raise GrpoKitError(f"Recipe {name}: {error}") from error
+    recipe = Recipe(grpo=grpo, model=model, kit=kit, values=values, path=path)
+    _check(recipe)
+    return recipe
+
+
+def _parser(name: str):
+    import trl
+    from transformers import HfArgumentParser
+
+    class Parser(HfArgumentParser):
+        def error(self, message):  # argparse would print usage and exit: a recipe error is one clear line
+            raise GrpoKitError(f"Recipe {name}: " + re.sub(r"argument --(\w+)(/--[\w-]+)?", r"\1", message) + ".")
+
+    return Parser((trl.GRPOConfig, trl.ModelConfig, KitArgs))
+
+
+def _flag(parser, key: str, value: Any, name: str) -> list[str]:
+    """``key: value`` as the command-line tokens HfArgumentParser reads; None leaves TRL's default."""
+    if value is None:
+        return []
+    action = next(a for a in parser._actions if a.dest == key)
+    if action.nargs == "+":  # a list field: YAML list, or "a,b" from --set
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise GrpoKitError(f"Recipe {name}: {key} expects a list, e.g. {key}: [a, b], got {value!r}.")
+        return [f"--{key}", *map(_text, items)]
+    if isinstance(value, (list, tuple, dict)) and action.type in (int, float, bool):
+        raise GrpoKitError(f"Recipe {name}: {key} expects one value, got {value!r}.")
+    return [f"--{key}", _text(value)]
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+
+
+def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """What the kit needs where the recipe is silent; a recipe that contradicts it is refused."""
+    import torch
+
+    def refuse_unless(key: str, wanted: Any, why: str) -> None:
+        if key in values and values[key] is not None and values[key] != wanted:
+            raise GrpoKitError(f"Recipe {name}: {key}={values[key]!r} cannot work here: {why}. Remove it or set {key}: "
+                               f"{_text(wanted)}.")
+
+    refuse_unless("use_peft", True, "grpo-kit trains LoRA adapters")
+    refuse_unless("remove_unused_columns", False, "the rewards read the answer column")
+    defaults: dict[str, Any] = {"use_peft": True, "logging_nan_inf_filter": False}  # a NaN loss must reach the guard
+    if torch.cuda.is_available():
+        from grpo_kit.models import gpu_has_bf16
+
+        if "bf16" not in values and "fp16" not in values:  # TRL turns bf16 on, which a T4 cannot run
+            defaults.update(bf16=gpu_has_bf16(), fp16=not gpu_has_bf16())
+    else:  # a GPU tier's recipe still parses here (presets, planner); planner.check_device refuses to train it
+        defaults.update(bf16=False, use_cpu=True, gradient_checkpointing=False)  # checkpointing only slows a CPU
+    return defaults
+
+
+def _check(recipe: Recipe) -> None:
+    """The kit's own rules: its fields, and values that parse but cannot be meant."""
+    from grpo_kit.rewards import REWARDS
+
+    g, k, name = recipe.grpo, recipe.kit, recipe.name
+    bad = [(key, v) for key, v in recipe.values.items() if isinstance(v, float) and not math.isfinite(v)]
+    if bad:  # argparse reads "inf" and "nan" as floats; TRL would train with them
+        raise GrpoKitError(f"Recipe {name}: {bad[0][0]} is {bad[0][1]}; every number must be finite.")
+    if g.reward_weights is not None and len(g.reward_weights) != len(k.reward_funcs):
+        raise GrpoKitError(f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
+                           f"{len(g.reward_weights)} reward_weights; give one weight per reward.")
+    unknown = [r for r in k.reward_funcs if ":" not in r and r not in REWARDS]
+    if unknown:  # package.module:function names are imported (and checked) by train before any weights load
+        raise GrpoKitError(f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
+                           "(`grpo-kit rewards`) or write package.module:function.")
+    if k.max_prompt_length + g.max_completion_length > k.max_seq_length:
+        raise GrpoKitError(f"Recipe {name}: max_prompt_length ({k.max_prompt_length}) + max_completion_length "
+                           f"({g.max_completion_length}) exceeds max_seq_length ({k.max_seq_length}). Raise "
+                           "max_seq_length or shorten the prompt/completion budget.")
+    if min(k.max_prompt_length, g.max_completion_length, recipe.model.lora_r, g.max_steps) < 1:
+        raise GrpoKitError(f"Recipe {name}: max_prompt_length, max_completion_length, lora_r and max_steps must be "
+                           "positive (max_steps -1 means epochs in TRL; the kit counts steps).")
+    if not recipe.model.model_name_or_path:
+        raise GrpoKitError(f"Recipe {name}: model_name_or_path is missing; name a Hub id or a local folder.")
+
+
+def grpo_field_help(key: str) -> str:
+    """TRL's own one-paragraph help for a ``GRPOConfig`` field (the notebooks print it next to the value)."""
+    import trl
+
+    return next(f.metadata.get("help", "") for f in dataclasses.fields(trl.GRPOConfig) if f.name == key)

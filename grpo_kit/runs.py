@@ -1,0 +1,379 @@
+"""Run folders and files written in one piece: one process per run folder (a lock), resume from complete checkpoints
+only, the final adapter and ``run.json`` written atomically. Nothing is ever deleted to make room: it is set aside.
+
+    run_dir/run.json  metrics.jsonl  checkpoint-N/  adapter/  plots/rewards.png  .grpo-kit.lock
+
+A folder is written into a hidden staging folder next to its target and renamed into place (a rename within one
+folder is atomic), so a crash leaves the old target whole and at most a staging folder behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
+
+from grpo_kit.errors import GrpoKitError
+
+#: The adapter weights file PEFT writes (checkpoints and the final adapter).
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: Lock file in a run folder: holds the PID of the process training in it.
+LOCK_NAME = ".grpo-kit.lock"
+#: Set to "1" to make every process write ``rank-<i>.digest`` (SHA-256 of its LoRA weights) after training: equal
+#: files prove the data-parallel copies stayed identical (tests/test_scaling.py).
+RANK_DIGEST_ENV = "GRPO_KIT_RANK_DIGEST"
+
+
+# --------------------------------------------------------------------------------------------- files and folders
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` through a sibling temporary file, so a reader never sees half of it."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def staging_prefix(name: str) -> str:
+    """``.<name>.partial-<pid>-``: the name of a staging folder tells a live writer from a killed one."""
+    return f".{name}.partial-{os.getpid()}-"
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | os.PathLike, *, name: str | None = None):
+    """Yield an empty folder next to ``final``; when the block ends without an error it takes ``final``'s place.
+
+    An error removes the staging folder and leaves ``final`` as it was; an existing ``final`` is moved away only
+    once the new folder is complete (and put back if the rename fails). ``name``: a fixed staging name, for callers
+    whose other processes must find the folder (every DeepSpeed rank saves into it); a killed run's leftover goes.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if name is None:
+        staging = Path(tempfile.mkdtemp(prefix=staging_prefix(final.name), dir=final.parent))
+        staging.chmod(0o755)  # mkdtemp makes it private; what lands in final is meant to be shared
+    else:
+        staging = final.parent / name
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    try:
+        yield staging
+        old = final.with_name(f".{final.name}.old-{time.time_ns()}") if final.exists() else None
+        if old:
+            os.rename(final, old)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if old:
+                os.rename(old, final)
+            raise
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> list[Path]:
+    """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
+    leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
+    removed = []
+    for folder in sorted(Path(out_dir).glob(f".{name}.partial-*")):
+        pid = folder.name[len(f".{name}.partial-"):].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
+    """Rename ``folder`` to ``<prefix><name>.old-<time>`` (never deletes anything); the new path, or None if absent.
+
+    A checkpoint is set aside with ``prefix="damaged-"``: a name that no longer starts with ``checkpoint-`` is one
+    the Trainer neither resumes from nor deletes when it rotates checkpoints.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target, n = folder.with_name(f"{prefix}{folder.name}.old-{stamp}"), 1
+    while target.exists():
+        target, n = folder.with_name(f"{prefix}{folder.name}.old-{stamp}-{n}"), n + 1
+    os.rename(folder, target)
+    return target
+
+
+def check_writable(out_dir: Path, *, what: str, option: str) -> None:
+    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as error:
+        raise GrpoKitError(f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
+                           "a folder you can write to.") from None
+
+
+# --------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_step(folder: str | os.PathLike) -> int | None:
+    """N of a Trainer ``checkpoint-N`` folder (by its name), else None.
+
+    >>> checkpoint_step("runs/x/checkpoint-40"), checkpoint_step("runs/x/adapter"), checkpoint_step("damaged-checkpoint-3")
+    (40, None, None)
+    """
+    match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", Path(folder).name)
+    return int(match[1]) if match else None
+
+
+def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``(step, folder)`` of every ``checkpoint-N`` folder in ``run_dir``, newest first (transformers' own sort)."""
+    found = [(checkpoint_step(path), Path(path)) for path in sort_checkpoints(str(run_dir))]
+    return [(step, folder) for step, folder in reversed(found) if step is not None]
+
+
+def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
+    """Why the adapter's weights file cannot be used (missing, truncated), or None when it opens.
+
+    Only the header is read: safetensors refuses a file whose size does not match its header.
+    """
+    from safetensors import safe_open
+
+    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not path.is_file():
+        return f"{path} is missing"
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except Exception as error:  # SafetensorError, OSError: a torn or foreign file
+        return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
+    return None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` cannot be resumed from, or None when it is complete.
+
+    Complete: a readable ``trainer_state.json`` (the Trainer writes it last), adapter weights that open, and the
+    optimizer and scheduler state (or DeepSpeed's ``global_step*/``); without those the Trainer would silently start
+    a fresh optimizer and restart the learning-rate schedule.
+    """
+    try:
+        json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "no trainer_state.json (killed while saving?)"
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return "trainer_state.json is torn (not valid JSON)"
+    if problem := adapter_weights_problem(folder):
+        return problem
+    if not any(path.is_dir() for path in folder.glob("global_step*")):
+        for name, what in (("optimizer.pt", "optimizer"), ("scheduler.pt", "learning-rate scheduler")):
+            if not (folder / name).is_file():
+                return f"no {name} (the {what} state is missing)"
+    return None
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The complete ``checkpoint-N`` with the highest N, or None."""
+    return next((folder for _, folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
+
+
+# --------------------------------------------------------------------------------------------- the run folder
+
+#: Run folders whose lock this process took; released when ``train`` returns or raises (``releases_run_locks``).
+_HELD_LOCKS: list[Path] = []
+
+
+def process_alive(pid: int) -> bool:
+    """True when a process ``pid`` exists, whoever owns it."""
+    try:
+        os.kill(pid, 0)  # signal 0: existence check only
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        pass
+    return True
+
+
+def _lock_holder(lock: Path) -> int | None:
+    with contextlib.suppress(OSError):
+        text = lock.read_text(encoding="utf-8").strip()
+        return int(text) if text.isdigit() else None
+    return None
+
+
+def acquire_run_lock(run_dir: Path) -> None:
+    """Take the run folder's lock, or refuse naming the PID that holds it: two processes training into one folder
+    would interleave their checkpoints and metrics. A dead process's lock is taken over; this process's own is kept
+    (a notebook running its cell again)."""
+    import atexit
+
+    lock = run_dir / LOCK_NAME
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):  # a race lost to another process taking over a stale lock is retried
+            with contextlib.suppress(FileExistsError), os.fdopen(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY),
+                                                                 "w", encoding="utf-8") as handle:
+                handle.write(str(os.getpid()))
+                atexit.register(release_run_lock, run_dir)  # at the latest when this process exits
+                return
+            holder = _lock_holder(lock)
+            if holder == os.getpid():
+                return
+            if holder is not None and process_alive(holder):
+                raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait "
+                                   f"for it to end, stop it (kill {holder}), or choose another --output.")
+            lock.unlink(missing_ok=True)  # stale: its process is gone
+    except OSError as error:  # a file where the folder should be, no write permission, a read-only disk
+        raise GrpoKitError(f"{run_dir} cannot be used as a run folder: {error.strerror or error} "
+                           f"({error.filename or run_dir}). Choose another --output, a folder you can write to.") from None
+    raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
+
+
+def release_run_lock(run_dir: Path) -> None:
+    """Remove the run folder's lock if this process holds it (never another process's lock)."""
+    if _lock_holder(run_dir / LOCK_NAME) == os.getpid():
+        (run_dir / LOCK_NAME).unlink(missing_ok=True)
+
+
+def releases_run_locks(function):
+    """Decorator: release the run-folder locks ``function`` took (``prepare_run_dir``), however it ends."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        finally:
+            while _HELD_LOCKS:
+                release_run_lock(_HELD_LOCKS.pop())
+
+    return wrapper
+
+
+def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Path | None:
+    """Lock and create the run folder; with ``resume``, the checkpoint to continue from. Never deletes user data.
+
+    Newer, incomplete checkpoints are named in a warning and set aside as ``damaged-checkpoint-N.old-<time>`` by the
+    main process (the Trainer would write into them). Only the main process locks; the others share its folder.
+    """
+    run_dir = Path(run_dir)
+    no_checkpoint = GrpoKitError(f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at "
+                                 "the run folder, or drop --resume to start a new run.")
+    if resume and not run_dir.is_dir():
+        raise no_checkpoint
+    if is_main:
+        acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
+        _HELD_LOCKS.append(run_dir)
+    if not resume:
+        if any(item.name != LOCK_NAME for item in run_dir.iterdir()) if run_dir.exists() else False:
+            raise GrpoKitError(f"Run folder {run_dir} already has files. Use --resume to continue it, or choose "
+                               "another --output.")
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return None
+    skipped = []
+    for _, folder in checkpoints(run_dir):
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            if skipped:
+                warnings.warn(f"--resume: skipped {'; '.join(skipped)}. Resuming from {folder.name}, the newest "
+                              "complete one, with its optimizer and learning-rate state.", stacklevel=2)
+            return folder
+        aside = set_aside(folder, prefix="damaged-") if is_main else None
+        skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
+    raise no_checkpoint
+
+
+# --------------------------------------------------------------------------------------------- adapters
+
+
+def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Path:
+    """``run_dir/adapter`` of a run that already reached ``max_steps``: nothing trains, nothing is rewritten, unless
+    the adapter is missing (killed between the last checkpoint and the adapter write): then it is that checkpoint's."""
+    adapter = run_dir / "adapter"
+    if is_main and not (adapter / "adapter_config.json").is_file():
+        with staged_dir(adapter) as staging:
+            shutil.copytree(checkpoint, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
+                "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "global_step*"))
+    return adapter
+
+
+def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
+    """Write the final adapter to ``run_dir/adapter`` through a staging folder, so it is never half-written.
+
+    Every process calls ``save_model`` (DeepSpeed ZeRO-3 gathers the weights collectively); only the main one writes.
+    """
+    is_main = trainer.is_world_process_zero()
+    staged = staged_dir(run_dir / "adapter", name=".adapter.tmp")
+    with staged if is_main else contextlib.nullcontext(run_dir / ".adapter.tmp") as staging:
+        trainer.accelerator.wait_for_everyone()  # the main process made the staging folder
+        trainer.save_model(str(staging))
+        if is_main:
+            tokenizer.save_pretrained(str(staging))
+    trainer.accelerator.wait_for_everyone()
+    return run_dir / "adapter"
+
+
+def wait_for_everyone(config) -> None:
+    """A barrier across the processes of ``accelerate launch``/``torchrun``; nothing in a single process."""
+    if getattr(config, "distributed_state", None) is not None:
+        config.distributed_state.wait_for_everyone()
+
+
+def weights_digest(tensors: dict) -> str:
+    """SHA-256 over each tensor's name and float32 bytes, in name order: equal digests mean equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def write_rank_digest(trainer, run_dir: Path) -> None:
+    """``rank-<i>.digest`` of this process's LoRA weights, when ``RANK_DIGEST_ENV`` is "1"."""
+    if os.environ.get(RANK_DIGEST_ENV) == "1":
+        from peft import get_peft_model_state_dict
+
+        state = get_peft_model_state_dict(trainer.accelerator.unwrap_model(trainer.model))  # the adapter file's keys
+        (run_dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state), encoding="utf-8")
+
+
+# --------------------------------------------------------------------------------------------- run.json
+
+
+def write_run_info(run_dir: Path, recipe, *, data: str, reward_names: list[str], curriculum=None) -> Path:
+    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions."""
+    import peft
+    import transformers
+    import trl
+
+    secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
+    values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
+    info = {"recipe": values, "data": data, "reward_names": list(reward_names), "curriculum": curriculum,
+            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
+    return atomic_write_text(Path(run_dir) / "run.json", json.dumps(info, indent=2, default=str))
+
+
+def read_run_info(run_dir: str | os.PathLike) -> dict:
+    """``run_dir/run.json`` as a dict; {} when it is missing or unreadable."""
+    try:
+        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return info if isinstance(info, dict) else {}

@@ -1,0 +1,81 @@
+"""One training path: notebook 00, notebook 03 and `grpo-kit train` build the same GRPOTrainer with the same recipe."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import trl
+
+from grpo_kit.cli import main
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SMOKE = str(Path(__file__).resolve().parent / "smoke.yaml")
+#: Fields that name the run folder: each run has its own.
+PER_RUN = {"output_dir", "logging_dir", "run_name"}
+
+
+class Built(Exception):
+    """Raised instead of training: the trainer as built is what these tests compare."""
+
+
+@pytest.fixture
+def built(monkeypatch, tmp_path):
+    trainers = []
+
+    def record(self, *args, **kwargs):
+        trainers.append(self)
+        raise Built
+
+    monkeypatch.setattr(trl.GRPOTrainer, "train", record)
+    monkeypatch.setenv("GRPO_KIT_RECIPE", SMOKE)
+    import grpo_kit.colab
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path / "notebook")
+    return trainers
+
+
+def run_notebook(name: str, module: str) -> types.ModuleType:
+    """Execute a notebook's code cells in order, as a module named ``module``, until its trainer starts training."""
+    cells = [c for c in json.loads((NOTEBOOKS / name).read_text())["cells"] if c["cell_type"] == "code"]
+    namespace = types.ModuleType(module)
+    sys.modules[module] = namespace  # a reward defined in a cell is recorded (and imported) as module:function
+    for cell in cells:
+        try:
+            exec(compile("".join(cell["source"]), f"{name}", "exec"), namespace.__dict__)
+        except Built:
+            return namespace
+    pytest.fail(f"{name} never started training")
+
+
+def same_trainer(a, b) -> None:
+    args_a, args_b = ({k: v for k, v in t.args.to_dict().items() if k not in PER_RUN} for t in (a, b))
+    assert args_a == args_b
+    assert a.reward_func_names == b.reward_func_names
+    assert a.reward_weights.tolist() == b.reward_weights.tolist()
+    assert [type(c).__name__ for c in a.callback_handler.callbacks] == [type(c).__name__ for c in b.callback_handler.callbacks]
+    assert len(a.train_dataset) == len(b.train_dataset) and a.train_dataset[0]["prompt"] == b.train_dataset[0]["prompt"]
+
+
+@pytest.mark.slow
+def test_notebook_00_builds_the_trainer_grpo_kit_train_builds(built, tmp_path):
+    notebook = run_notebook("00_train_grpo_colab.ipynb", "nb00")
+    rewards = ",".join(name for name, _ in notebook.recipe.rewards)
+    weights = json.dumps([weight for _, weight in notebook.recipe.rewards])
+    assert rewards.endswith("nb00:shows_calculation")  # the cell's own reward, recorded by its import path
+    with pytest.raises(Built):
+        main(["train", "--recipe", SMOKE, "--data", "sample", "--output", str(tmp_path / "cli"),
+              "--set", f"reward_funcs={rewards}", "--set", f"reward_weights={weights}"])
+    same_trainer(built[0], built[1])
+    assert built[0].reward_func_names[-1] == "shows_calculation"
+
+
+@pytest.mark.slow
+def test_notebook_03_trains_through_the_same_calls(built, tmp_path):
+    run_notebook("03_train.ipynb", "nb03")
+    with pytest.raises(Built):
+        main(["train", "--recipe", SMOKE, "--data", "sample", "--output", str(tmp_path / "cli")])
+    same_trainer(built[0], built[1])
