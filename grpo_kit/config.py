@@ -20,6 +20,7 @@ CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a r
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import json
@@ -161,7 +162,8 @@ def build_recipe(values: Mapping[str, Any], *, path: str = "") -> Recipe:
     # Unsloth patches trl/transformers/peft at import: on its backend it must be imported before TRL (see models)
     from grpo_kit.models import prepare_backend
 
-    prepare_backend(str(values.get("backend", "auto")))
+    with contextlib.suppress(GrpoKitError):  # no Unsloth (presets, the planner): load_model names the fix
+        prepare_backend(str(values.get("backend", "auto")))
     parser = _parser(name)
     known = {a.dest for a in parser._actions}
     unknown = sorted(k for k in values if k not in known)
@@ -203,7 +205,7 @@ def _flag(parser, key: str, value: Any, name: str) -> list[str]:
         return [f"--{key}", *map(_text, items)]
     if isinstance(value, (list, tuple, dict)) and action.type in (int, float, bool):
         raise GrpoKitError(f"Recipe {name}: {key} expects one value, got {value!r}.")
-    return [f"--{key}", _text(value)]
+    return [f"--{key}={_text(value)}"]  # one token: argparse would take "-inf" or "-1e-5" for an option
 
 
 def _text(value: Any) -> str:
@@ -234,14 +236,29 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     return defaults
 
 
+#: Values TRL accepts without complaint that cannot be meant: field -> (test, what the value must be).
+SANE = {
+    "learning_rate": (lambda v: 0 < v < 1, "above 0 and below 1 (LoRA GRPO: 5e-6 on the GPU tiers, 5e-4 on the tiny "
+                      "CPU model); a rate of 1 or more destroys the weights in a step"),
+    "temperature": (lambda v: v > 0, "above 0 (1.0 is TRL's default; GRPO needs varied samples)"),
+    "beta": (lambda v: v >= 0, "0 (no KL penalty, TRL's default) or a small positive number such as 0.04"),
+    "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a share of the GPU above 0 and at most 1"),
+    "save_steps": (lambda v: v > 0, "a positive number of steps"),
+}
+
+
 def _check(recipe: Recipe) -> None:
     """The kit's own rules: its fields, and values that parse but cannot be meant."""
     from grpo_kit.rewards import REWARDS
 
     g, k, name = recipe.grpo, recipe.kit, recipe.name
-    bad = [(key, v) for key, v in recipe.values.items() if isinstance(v, float) and not math.isfinite(v)]
+    parsed = {key: getattr(part, key) for part in (g, recipe.model, k) for key in recipe.values if hasattr(part, key)}
+    bad = [(key, v) for key, v in parsed.items() if isinstance(v, float) and not math.isfinite(v)]
     if bad:  # argparse reads "inf" and "nan" as floats; TRL would train with them
         raise GrpoKitError(f"Recipe {name}: {bad[0][0]} is {bad[0][1]}; every number must be finite.")
+    for key, (ok, wanted) in SANE.items():  # values TRL accepts that no run can mean
+        if key in parsed and not ok(parsed[key]):
+            raise GrpoKitError(f"Recipe {name}: {key}={parsed[key]!r} cannot be meant; it must be {wanted}.")
     if g.reward_weights is not None and len(g.reward_weights) != len(k.reward_funcs):
         raise GrpoKitError(f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
                            f"{len(g.reward_weights)} reward_weights; give one weight per reward.")

@@ -247,6 +247,7 @@ def _load_unsloth(recipe, model_id: str, dtype):
         gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
         torch.cuda.empty_cache()
         model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
+        model.vllm_engine = None  # train() reads this: use_vllm goes off, or TRL would start an engine of its own
     model = FastLanguageModel.get_peft_model(
         model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
         use_gradient_checkpointing="unsloth" if recipe.grpo.gradient_checkpointing else False,

@@ -20,8 +20,6 @@ import time
 import warnings
 from pathlib import Path
 
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, sort_checkpoints
-
 from grpo_kit.errors import GrpoKitError
 
 #: The adapter weights file PEFT writes (checkpoints and the final adapter).
@@ -138,12 +136,14 @@ def checkpoint_step(folder: str | os.PathLike) -> int | None:
     >>> checkpoint_step("runs/x/checkpoint-40"), checkpoint_step("runs/x/adapter"), checkpoint_step("damaged-checkpoint-3")
     (40, None, None)
     """
-    match = re.fullmatch(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)", Path(folder).name)
+    match = re.fullmatch(r"checkpoint-(\d+)", Path(folder).name)  # transformers' PREFIX_CHECKPOINT_DIR
     return int(match[1]) if match else None
 
 
 def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     """``(step, folder)`` of every ``checkpoint-N`` folder in ``run_dir``, newest first (transformers' own sort)."""
+    from transformers.trainer_utils import sort_checkpoints  # not at import: Unsloth must patch transformers first
+
     found = [(checkpoint_step(path), Path(path)) for path in sort_checkpoints(str(run_dir))]
     return [(step, folder) for step, folder in reversed(found) if step is not None]
 

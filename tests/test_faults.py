@@ -229,15 +229,16 @@ def _disk_full(tmp, env):
 
 
 def _upload_fails(tmp, env):
-    from grpo_kit.machinery import hub
+    from huggingface_hub import HfApi
 
     _adapter()(tmp, env)
     env["monkeypatch"].setenv("HF_TOKEN", "hf_FAKEtoken0123456789SECRET")
 
-    def refuse(folder, repo, token):
-        raise RuntimeError(f"403 Forbidden for {repo} with {token}")
+    def refuse(api, repo_id, **kwargs):
+        raise RuntimeError(f"403 Forbidden for {repo_id} with {api.token}")
 
-    env["monkeypatch"].setattr(hub, "upload_folder", refuse)
+    env["monkeypatch"].setattr(HfApi, "create_repo", lambda api, repo, exist_ok: f"https://hf.co/{repo}")
+    env["monkeypatch"].setattr(HfApi, "upload_folder", refuse)
 
 
 def _no_token(tmp, env):

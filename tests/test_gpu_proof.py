@@ -211,12 +211,12 @@ def test_driver_builds_each_shape_once_skips_tiers_larger_than_the_card_and_keep
             return {"status": "error", "note": "disk full"} if run.arch == "qwen2.5-math-7b" else {"status": "built"}
         return {"kind": run.kind, "tier": run.tier, "arch": run.arch, **plan_row, "status": "fitted"}
 
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(proof, "environment", lambda: {"gpu": "fake 24 GB", "gpu_total_gib": 22.5, "driver": "x",
                                                        "cuda": "13.0", "versions": {}})
     monkeypatch.setattr(proof, "run_one", fake_run_one)
     runs = proof.plan_runs(("l4-24gb", "a100-40gb"), ("qwen2.5-1.5b", "qwen2.5-math-7b"), skip_plain=True)
-    plan = proof.describe_plan(runs, 1)
+    plan = proof.describe_plan(runs, 1)  # recipes parse on this CPU; the driver below believes in a GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     result = proof.drive(_args(tmp_path, time_budget=3600), runs, plan)
     assert calls == ["build-qwen2.5-1.5b", "kit-l4-24gb-qwen2.5-1.5b", "build-qwen2.5-math-7b",
                      "export-t4-16gb-qwen2.5-1.5b"]

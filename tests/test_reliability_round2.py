@@ -68,7 +68,7 @@ def test_non_finite_export_logits_fail_verification(bad, tmp_path):
     from grpo_kit.export import check_logits
 
     with pytest.raises(GrpoKitError, match="NaN/inf.*Nothing was written"):
-        check_logits("lora", "lora", (candidate,), _reference(tuned, base), path=tmp_path, detail="test")
+        check_logits("lora", "float32", (candidate,), _reference(tuned, base), path=tmp_path, detail="test")
 
 
 def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_path):
@@ -76,7 +76,7 @@ def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_pa
 
     tuned = torch.full((2, 5), NAN)
     with pytest.raises(GrpoKitError, match="NaN/inf"):
-        check_logits("merged16", "merged16:bfloat16", (tuned.clone(),), _reference(tuned, torch.randn(2, 5)),
+        check_logits("merged16", "bfloat16", (tuned.clone(),), _reference(tuned, torch.randn(2, 5)),
                      path=tmp_path, detail="test")
 
 
