@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from grpo_kit.data import load_gsm8k
+from grpo_kit.config import load_recipe
+from grpo_kit.data import arithmetic_key, load_gsm8k, make_arithmetic_dataset
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.machinery.arithmetic import arithmetic_key, make_arithmetic_dataset
-from grpo_kit.machinery.stats import mcnemar_exact, paired_difference, wilson
-from grpo_kit.recipes import load_recipe
+from grpo_kit.evaluate import mcnemar_exact, paired_difference, wilson
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cpu_answers.py"
 
@@ -63,7 +62,7 @@ def test_excluded_calculations_do_not_come_back():
 
 @pytest.mark.slow
 def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir, tmp_path):
-    from grpo_kit.machinery.metrics import read_metrics
+    from grpo_kit.callbacks import read_metrics
     from grpo_kit.train import train
 
     preset = load_recipe("cpu-answers", model=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
@@ -119,7 +118,7 @@ def test_paired_difference_refuses_unpaired_results():
 
 
 def test_demo_task_flag_reaches_run_demo(monkeypatch):
-    import grpo_kit.machinery.demo as demo
+    import grpo_kit.demo as demo
     from grpo_kit.cli import main
 
     seen = {}
@@ -132,7 +131,7 @@ def test_demo_task_flag_reaches_run_demo(monkeypatch):
 
 def test_demo_unknown_task_is_refused(capsys):
     from grpo_kit.cli import build_parser
-    from grpo_kit.machinery.demo import demo_task
+    from grpo_kit.demo import demo_task
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--task", "poetry"])
@@ -142,10 +141,10 @@ def test_demo_unknown_task_is_refused(capsys):
 
 
 def test_arithmetic_demo_uses_the_answers_recipe_and_its_held_out_split():
-    from grpo_kit.machinery.demo import demo_task
+    from grpo_kit.demo import demo_task
 
     task = demo_task("arithmetic")
-    assert load_recipe(task.preset).rewards == (("correctness", 1.0),)
+    assert load_recipe(task.preset).rewards == [("correctness", 1.0), ("format_rate", 0.0)]  # format_rate: a metric
     assert len(load_gsm8k(task.held_out, "test", limit=task.eval_questions)) == task.eval_questions >= 100
 
 
