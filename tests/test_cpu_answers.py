@@ -65,12 +65,12 @@ def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir,
     from grpo_kit.callbacks import read_metrics
     from grpo_kit.train import train
 
-    preset = load_recipe("cpu-answers", model=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
+    preset = load_recipe("cpu-answers", model_name_or_path=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
     result = train(preset, data="arithmetic-1step", output_dir=tmp_path / "run")
     assert result.steps == 1
     info = json.loads((result.run_dir / "run.json").read_text())
     assert info["data"] == "arithmetic-1step"
-    assert info["rewards"] == ["correctness"]
+    assert info["reward_names"] == ["correctness", "format_rate"]
     row = read_metrics(result.metrics_path)[0]
     assert "reward/correctness" in row
     assert (result.adapter_dir / "adapter_config.json").is_file()

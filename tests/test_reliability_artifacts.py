@@ -80,7 +80,8 @@ def shared(tiny_model_dir, tmp_path_factory):
     run_dir, exports = root / "run", root / "exports"
     tiny = ["--preset", "cpu", "--set", f"model_name_or_path={tiny_model_dir}", "--data", "arithmetic",
             "--set", "reward_funcs=format", "--set", "reward_weights=[1]", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
-            "--set", "few_shot=0", "--set", "save_steps=1", "--set", "max_steps=2"]  # fmt: skip
+            "--set", "few_shot=0", "--set", "save_steps=1", "--set", "max_steps=2",
+            "--set", "report_to=tensorboard"]  # its event files are scanned too  # fmt: skip
 
     def leaky_create_repo(api, repo_id, **kwargs):  # a server error that echoes the credentials back
         raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={api.token})")

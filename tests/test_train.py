@@ -118,7 +118,7 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     assert [row["step"] for row in rows] == [1, 2]
     assert {"reward", "format_rate", "reward/toy_length", "frac_reward_zero_std"} <= set(rows[0])
     run_info = json.loads((result.run_dir / "run.json").read_text())
-    assert run_info["rewards"] == ["toy_length", "format_rate"]
+    assert run_info["reward_names"] == ["toy_length", "format_rate"]
 
 
 def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
