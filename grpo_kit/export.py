@@ -34,8 +34,10 @@ from grpo_kit import gguf as gguf_files
 from grpo_kit.errors import GrpoKitError
 
 FORMATS = ("lora", "merged16", "gguf")
-#: The closer-to-tuned-than-to-base rule applies where the adapter's mean effect >= this x the export's mean noise.
-MIN_EFFECT_TO_NOISE = 0.25
+#: The closer-to-tuned-than-to-base rule applies where the adapter's mean effect >= this x the export's storage noise
+#: (the smaller of its mean distances to tuned and to base): below it, rounding (q8_0 of a 2-step adapter) can erase
+#: the effect for real, which is reported in a note, not as a broken export.
+MIN_EFFECT_TO_NOISE = 1.0
 #: Extra factor on the logit limits when the reference itself runs in 16 bit (large models on a GPU).
 HALF_PRECISION_FACTOR = 3.0
 PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
@@ -129,7 +131,7 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
         effect = max(effect, float(change.max()))
         to_tuned.append(float(diff.mean()))
         to_base.append(float((got - base).abs().mean()))
-        if float(change.mean()) < MIN_EFFECT_TO_NOISE * to_tuned[-1]:
+        if float(change.mean()) < MIN_EFFECT_TO_NOISE * min(to_tuned[-1], to_base[-1]):
             lost += 1
         elif not to_tuned[-1] < to_base[-1]:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
