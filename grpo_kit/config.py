@@ -20,7 +20,6 @@ CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a r
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import difflib
 import json
@@ -162,8 +161,11 @@ def build_recipe(values: Mapping[str, Any], *, path: str = "") -> Recipe:
     # Unsloth patches trl/transformers/peft at import: on its backend it must be imported before TRL (see models)
     from grpo_kit.models import prepare_backend
 
-    with contextlib.suppress(GrpoKitError):  # no Unsloth (presets, the planner): load_model names the fix
+    try:
         prepare_backend(str(values.get("backend", "auto")))
+    except GrpoKitError as error:  # Unsloth not installed: the recipe still parses (presets, the planner) and
+        if not isinstance(error.__cause__, ImportError):  # load_model names the fix; a wrong backend is refused now
+            raise
     parser = _parser(name)
     known = {a.dest for a in parser._actions}
     unknown = sorted(k for k in values if k not in known)

@@ -12,13 +12,8 @@ import os
 import shutil
 import sys
 import tempfile
-import time
-import urllib.error
-import urllib.request
-import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urlparse
 
 from grpo_kit.errors import GrpoKitError
 
@@ -130,44 +125,6 @@ def check_weight_sync(recipe) -> None:
                            "TRL would send the server packed 4-bit bytes. Use colocated vLLM (--set "
                            "vllm_mode=colocate) or 16-bit weights (--set load_in_4bit=false, or the a100-40gb "
                            "recipe: more memory).")
-
-
-def check_server(recipe, *, wait: float | None = None, poll: float = 2.0) -> str:
-    """Wait up to ``wait`` s (default: ``vllm_server_timeout``) for the recipe's vLLM server; return its URL. Run
-    before any weights load. A server serving another model is refused: TRL would push this model's weights into it.
-    """
-    g, trained = recipe.grpo, recipe.model.model_name_or_path
-    host = "localhost" if g.vllm_server_host in ("0.0.0.0", "") else g.vllm_server_host  # where TRL's client connects
-    url = (g.vllm_server_base_url or f"http://{host}:{g.vllm_server_port}").rstrip("/")
-    wait = g.vllm_server_timeout if wait is None else wait
-    deadline, announced = time.monotonic() + wait, False
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/v1/models", timeout=5) as response:
-                served = [str(row.get("id")) for row in json.load(response).get("data", []) if isinstance(row, dict)]
-            break
-        except urllib.error.HTTPError:  # it answers, but does not list what it serves: nothing to compare
-            served = []
-            break
-        except (OSError, ValueError) as error:  # refused connections and timeouts are OSErrors
-            if time.monotonic() >= deadline:
-                raise GrpoKitError(
-                    f"No vLLM server answers at {url} ({getattr(error, 'reason', None) or error}). Start one before "
-                    "training, on a GPU the trainer does not use: CUDA_VISIBLE_DEVICES=0 trl vllm-serve --model "
-                    f"{trained} --port {urlparse(url).port or 8000} --max-model-len {recipe.kit.max_seq_length}. "
-                    "Elsewhere: --set vllm_server_base_url=http://HOST:PORT; one GPU: --set vllm_mode=colocate."
-                ) from None
-            if not announced:
-                print(f"waiting up to {wait:.0f} s for the vLLM server at {url} ...", flush=True)
-                announced = True
-            time.sleep(poll)
-    last = trained.rstrip("/").split("/")[-1]  # a Hub id and a local copy of it name the same model
-    if served and not any(name == trained or name.rstrip("/").split("/")[-1] == last for name in served):
-        raise GrpoKitError(f"The vLLM server at {url} serves {', '.join(served)}, but this run trains {trained}. TRL "
-                           f"would push the trained weights into a different model. Restart it with --model {trained}.")
-    if not served:
-        warnings.warn(f"The vLLM server at {url} did not list its model; check that it serves {trained}.", stacklevel=2)
-    return url
 
 
 # --------------------------------------------------------------------------------------------- the policy

@@ -26,9 +26,6 @@ from grpo_kit.errors import GrpoKitError
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: Lock file in a run folder: holds the PID of the process training in it.
 LOCK_NAME = ".grpo-kit.lock"
-#: Set to "1" to make every process write ``rank-<i>.digest`` (SHA-256 of its LoRA weights) after training: equal
-#: files prove the data-parallel copies stayed identical (tests/test_scaling.py).
-RANK_DIGEST_ENV = "GRPO_KIT_RANK_DIGEST"
 
 
 # --------------------------------------------------------------------------------------------- files and folders
@@ -332,26 +329,6 @@ def wait_for_everyone(config) -> None:
     """A barrier across the processes of ``accelerate launch``/``torchrun``; nothing in a single process."""
     if getattr(config, "distributed_state", None) is not None:
         config.distributed_state.wait_for_everyone()
-
-
-def weights_digest(tensors: dict) -> str:
-    """SHA-256 over each tensor's name and float32 bytes, in name order: equal digests mean equal weights."""
-    import hashlib
-
-    digest = hashlib.sha256()
-    for name in sorted(tensors):
-        digest.update(name.encode("utf-8"))
-        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def write_rank_digest(trainer, run_dir: Path) -> None:
-    """``rank-<i>.digest`` of this process's LoRA weights, when ``RANK_DIGEST_ENV`` is "1"."""
-    if os.environ.get(RANK_DIGEST_ENV) == "1":
-        from peft import get_peft_model_state_dict
-
-        state = get_peft_model_state_dict(trainer.accelerator.unwrap_model(trainer.model))  # the adapter file's keys
-        (run_dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state), encoding="utf-8")
 
 
 # --------------------------------------------------------------------------------------------- run.json

@@ -92,8 +92,6 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
     funcs, _, names = parse_reward_spec(recipe.rewards)  # package.module:function rewards are imported now
-    if recipe.vllm_server:
-        models.check_server(recipe)
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
     runs.wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
@@ -141,7 +139,6 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
     if is_main:
         check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
-    runs.write_rank_digest(trainer, run_dir)
     return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
 
 

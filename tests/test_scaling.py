@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
@@ -46,11 +47,41 @@ def test_batch_rule_is_trls_and_refused_before_any_weights_load(no_model_load):
 
 # The CLI with one extra reward registered: random text from a tiny model earns 0 under every built-in reward, and
 # a run where every group is flat has zero gradients, so nothing would show that the two copies trained together.
-LAUNCHER = """
+def weights_digest(tensors) -> str:
+    """SHA-256 over each tensor's name and float32 bytes, in name order: equal digests mean equal weights."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        digest.update(name.encode("utf-8"))
+        digest.update(tensors[name].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def test_weights_digest_tells_equal_weights_from_different_ones():
+    import torch
+
+    a = {"x": torch.ones(2), "y": torch.zeros(3)}
+    assert weights_digest(a) == weights_digest({"y": torch.zeros(3), "x": torch.ones(2)})
+    assert weights_digest(a) != weights_digest({**a, "x": torch.full((2,), 1.0 + 1e-6)})
+
+
+# Every process saves the adapter (ZeRO-3 gathers collectively); the launcher makes each first write the digest of
+# its own copy of the LoRA weights, so the test can see that the data-parallel copies stayed identical.
+LAUNCHER = inspect.getsource(weights_digest) + """
 import sys
 
+from peft import get_peft_model_state_dict
+
+from grpo_kit import runs
 from grpo_kit.cli import main
 from grpo_kit.rewards import REWARDS
+
+
+def save_adapter_and_digest(trainer, tokenizer, run_dir):
+    state = get_peft_model_state_dict(trainer.accelerator.unwrap_model(trainer.model))
+    (run_dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state))
+    return save_adapter(trainer, tokenizer, run_dir)
 
 
 def char_codes(completions, **kwargs):
@@ -59,6 +90,7 @@ def char_codes(completions, **kwargs):
 
 
 REWARDS["char_codes"] = char_codes
+save_adapter, runs.save_adapter = runs.save_adapter, save_adapter_and_digest
 raise SystemExit(main(sys.argv[1:]))
 """
 
@@ -70,8 +102,6 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     from grpo_kit.callbacks import read_metrics
-    from grpo_kit.runs import RANK_DIGEST_ENV, weights_digest
-
     launcher = tmp_path / "launch_train.py"
     launcher.write_text(LAUNCHER)
     run_dir = tmp_path / "run"
@@ -83,7 +113,7 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
         "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
         "--set", "learning_rate=0.05", "--output", str(run_dir),
     ]  # fmt: skip
-    env = {**os.environ, RANK_DIGEST_ENV: "1", "GRPO_KIT_THREADS": "1", "OMP_NUM_THREADS": "1",
+    env = {**os.environ, "GRPO_KIT_THREADS": "1", "OMP_NUM_THREADS": "1",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

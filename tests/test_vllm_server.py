@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import json
-import socket
 import sys
-import threading
 import types
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
@@ -171,131 +167,6 @@ def test_unsloth_loads_onto_the_launchers_local_rank(fake_gpu, monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ the server check
-
-
-class _FakeServer:
-    """A local HTTP server answering ``/health`` and ``/v1/models`` the way vLLM's server does."""
-
-    def __init__(self, served: list[str] | None, port: int = 0):
-        served_ids = served
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802 (http.server's name)
-                if self.path == "/health":
-                    body, status = b"", 200
-                elif self.path == "/v1/models" and served_ids is not None:
-                    body, status = json.dumps({"data": [{"id": i} for i in served_ids]}).encode(), 200
-                else:
-                    body, status = b"not found", 404
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def start(self) -> _FakeServer:
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
-def _closed_port_url() -> str:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"http://127.0.0.1:{sock.getsockname()[1]}"
-
-
-def _server_recipe(url: str | None = None, **changes):
-    """Server mode on the cpu recipe (GRPOConfig with use_vllm builds on a CPU), training ``MODEL``."""
-    return load_recipe("cpu", **{"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": url,
-                                 "model_name_or_path": MODEL, **changes})
-
-
-def test_check_server_accepts_a_server_for_the_trained_model():
-    server = _FakeServer([MODEL]).start()
-    try:
-        assert models.check_server(_server_recipe(server.url), wait=5) == server.url
-        # A local copy of the same model is the same model.
-        local = _server_recipe(server.url, model_name_or_path="/data/Meta-Llama-3.1-8B-Instruct")
-        assert models.check_server(local, wait=5) == server.url
-    finally:
-        server.stop()
-
-
-def test_check_server_asks_where_trls_client_connects_without_a_base_url():
-    server = _FakeServer([MODEL]).start()
-    try:
-        port = int(server.url.rsplit(":", 1)[1])
-        assert models.check_server(_server_recipe(vllm_server_port=port), wait=5) == f"http://localhost:{port}"
-    finally:
-        server.stop()
-
-
-def test_check_server_refuses_a_server_holding_another_model():
-    server = _FakeServer(["Qwen/Qwen2.5-7B-Instruct"]).start()
-    try:
-        with pytest.raises(GrpoKitError, match=f"serves Qwen/Qwen2.5-7B-Instruct, but this run trains {MODEL}"):
-            models.check_server(_server_recipe(server.url), wait=5)
-    finally:
-        server.stop()
-
-
-def test_check_server_warns_when_the_server_does_not_list_its_model():
-    server = _FakeServer(None).start()
-    try:
-        with pytest.warns(UserWarning, match="did not list its model"):
-            assert models.check_server(_server_recipe(server.url), wait=5) == server.url
-    finally:
-        server.stop()
-
-
-def test_no_server_is_reported_with_the_command_that_starts_one():
-    url = _closed_port_url()
-    with pytest.raises(GrpoKitError) as error:
-        models.check_server(_server_recipe(url), wait=0)
-    message = str(error.value)
-    assert f"No vLLM server answers at {url}" in message
-    assert f"trl vllm-serve --model {MODEL} --port {url.rsplit(':', 1)[1]} --max-model-len 576" in message
-
-
-def test_check_server_waits_for_a_server_that_is_still_starting():
-    url = _closed_port_url()
-    started = []
-
-    def start_later():
-        started.append(_FakeServer([MODEL], port=int(url.rsplit(":", 1)[1])).start())
-
-    timer = threading.Timer(1.0, start_later)  # connections are refused for the first second
-    timer.start()
-    try:
-        assert models.check_server(_server_recipe(url), wait=15, poll=0.2) == url
-    finally:
-        timer.join()
-        for server in started:
-            server.stop()
-
-
-def test_train_checks_the_server_before_any_weights_load(monkeypatch, tmp_path):
-    import grpo_kit.train as train_module
-
-    def no_weights(*args, **kwargs):
-        raise AssertionError("weights were loaded before the server check")
-
-    monkeypatch.setattr("grpo_kit.planner.check_device", lambda recipe, device: None)  # pretend this is a GPU box
-    monkeypatch.setattr(models, "load_model", no_weights)
-    recipe = _server_recipe(_closed_port_url(), vllm_server_timeout=0, model_name_or_path="embedded:smollm2-135m")
-    run_dir = tmp_path / "run"
-    with pytest.raises(GrpoKitError, match="No vLLM server answers"):
-        train_module.train(recipe, data="sample", output_dir=run_dir)
-    assert not run_dir.exists()
 
 
 def test_cli_set_keys_select_server_mode(monkeypatch):
