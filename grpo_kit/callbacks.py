@@ -110,37 +110,51 @@ def _plain(fn) -> bool:
     return callable(fn) and not isinstance(fn, torch.nn.Module) and not is_async_callable(fn)
 
 
-class _Wrapped:
-    """A reward function with TRL's name for it (TRL logs ``rewards/<name>/mean``); picklable when ``fn`` is."""
+class GuardedReward:
+    """A reward function as TRL calls it, watched: an exception or a NaN/inf score stops the run with a message naming
+    the reward, the step and the completion (``None`` passes: TRL's "not applicable"); the scores go to ``samples``.
+    Same name as ``fn`` for TRL's logs (``rewards/<name>/mean``); picklable when ``fn`` is."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None):
         from trl.trainer.utils import get_callable_name
 
-        self.fn, self.__name__ = fn, get_callable_name(fn)
-
-
-class CheckedReward(_Wrapped):
-    """A reward function whose every score is checked: NaN/inf raises ``NumericsError`` (None passes through)."""
-
-    def __init__(self, fn, run_dir: str | os.PathLike | None = None):
-        super().__init__(fn)
-        self.run_dir = run_dir
+        self.fn, self.run_dir, self.samples, self.__name__ = fn, run_dir, samples, get_callable_name(fn)
 
     def __call__(self, *args, **kwargs):
-        scores = self.fn(*args, **kwargs)
+        state, completions = kwargs.get("trainer_state"), kwargs.get("completions", args[0] if args else None) or []
+        step = state.global_step + 1 if state else None
+        try:
+            scores = self.fn(*args, **kwargs)
+        except Exception as error:  # user code: one clear message, the traceback kept in the run folder
+            raise self._raised(error, step, completions) from error
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
-                state = kwargs.get("trainer_state")
-                completions = kwargs.get("completions", args[0] if args else None) or []
                 text = _excerpt(_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
-                raise numerics_error(state.global_step + 1 if state else None, f"reward/{self.__name__}", score,
-                                     self.run_dir, detail=f" (completion {index}: {text!r})")
+                raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir,
+                                     detail=f" (completion {index}: {text!r})")
+        if self.samples is not None:
+            self.samples.record(self.__name__, scores, completions, kwargs)
         return scores
 
+    def _raised(self, error: Exception, step: int | None, completions) -> GrpoKitError:
+        import traceback
 
-def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
-    """Each plain reward function wrapped in ``CheckedReward``; reward models and async functions pass unchanged."""
-    return [CheckedReward(fn, run_dir) if _plain(fn) and not isinstance(fn, CheckedReward) else fn for fn in funcs]
+        saved = ""
+        if self.run_dir is not None:
+            path = Path(self.run_dir) / "reward-error.txt"
+            path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
+            saved = f" Full traceback: {path}."
+        first = _excerpt(_text(completions[0]), head=80, tail=0) if completions else "n/a"
+        return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
+                            f"{str(error)[:200]} at step {step or '?'} (first completion of the batch: {first!r})."
+                            f"{saved} Fix the function (it must return one float or None per completion, for any "
+                            f"text) or leave it out of reward_funcs.{_resume_hint(self.run_dir)}")
+
+
+def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None) -> list:
+    """Each plain reward function as a ``GuardedReward``; reward models and async functions pass unchanged."""
+    return [GuardedReward(fn, run_dir, samples) if _plain(fn) and not isinstance(fn, GuardedReward) else fn
+            for fn in funcs]
 
 
 # --------------------------------------------------------------------------------------------- trainer callbacks
@@ -242,16 +256,19 @@ class CompletionSamples(TrainerCallback):
     """Watch GRPO learn: the latest batch's completions with each reward's score, printed every ``every`` steps.
 
     A loss near 0 says nothing in GRPO; what shows learning is what the model writes and how the rewards score it.
-    ``reward_funcs=samples.wrap(funcs)`` records the scores (TRL sees the same names and results); notebooks show
-    ``samples.rows()`` as a table.
+    ``guard_rewards(funcs, run_dir, samples)`` hands it the scores; notebooks show ``samples.rows()`` as a table.
     """
 
     def __init__(self, every: int, rows: int = 4, printer=print):
         self.every, self.max_rows, self.printer = every, rows, printer
         self.completions, self.questions, self.scores = [], [], {}
 
-    def wrap(self, funcs) -> list:
-        return [_Recorded(fn, self) if _plain(fn) else fn for fn in funcs]
+    def record(self, name: str, scores, completions, columns: dict) -> None:
+        """Keep one reward's scores of the current generation batch (a new batch forgets the previous one's)."""
+        if completions is not self.completions:
+            self.completions, self.scores = completions, {}
+            self.questions = list(columns.get("question") or columns.get("prompts") or [""] * len(completions))
+        self.scores[name] = list(scores)
 
     def rows(self) -> list[dict]:
         """Up to ``rows`` completions spread over the batch (so different questions show), with their scores."""
@@ -270,23 +287,6 @@ class CompletionSamples(TrainerCallback):
                                if k not in ("question", "completion"))
             lines.append(f"  Q: {row['question']}\n  A: {row['completion']}\n     {scores}")
         self.printer("\n".join(lines) if len(lines) > 1 else f"step {state.global_step}: no completions recorded yet")
-
-
-class _Recorded(_Wrapped):
-    """A reward function that also hands its scores to a ``CompletionSamples``; same name, same result."""
-
-    def __init__(self, fn, sink: CompletionSamples):
-        super().__init__(fn)
-        self.sink = sink
-
-    def __call__(self, *args, **kwargs):
-        scores = self.fn(*args, **kwargs)
-        sink, completions = self.sink, kwargs.get("completions") or []
-        if completions is not sink.completions:  # a new generation batch: forget the previous one's scores
-            sink.completions, sink.scores = completions, {}
-            sink.questions = list(kwargs.get("question") or kwargs.get("prompts") or [""] * len(completions))
-        sink.scores[self.__name__] = list(scores)
-        return scores
 
 
 def _text(item) -> str:

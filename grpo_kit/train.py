@@ -124,7 +124,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     samples = CompletionSamples(every=show_completions)
     trainer = trl.GRPOTrainer(
         model=policy,
-        reward_funcs=guard_rewards(samples.wrap(funcs), run_dir),
+        reward_funcs=guard_rewards(funcs, run_dir, samples),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,

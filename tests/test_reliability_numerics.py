@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_kit.callbacks import (
-    CheckedReward,
+    GuardedReward,
     NumericsError,
     NumericsGuard,
     guard_numerics,
@@ -88,7 +88,7 @@ def test_checked_reward_passes_finite_and_none_and_rejects_nan_inf():
     def mixed(completions, **kwargs):
         return kwargs["values"]
 
-    checked = CheckedReward(mixed)
+    checked = GuardedReward(mixed)
     assert checked.__name__ == "mixed"  # TRL logs rewards/<__name__>/mean
     assert checked(["a", "b", "c"], values=[1, 0.5, None]) == [1, 0.5, None]  # None = "not applicable" in TRL
     with pytest.raises(NumericsError) as info:
@@ -109,8 +109,20 @@ def test_guard_rewards_wraps_plain_functions_only():
 
     module = torch.nn.Linear(1, 1)
     wrapped = guard_rewards([plain, remote, module])
-    assert isinstance(wrapped[0], CheckedReward) and wrapped[1] is remote and wrapped[2] is module
+    assert isinstance(wrapped[0], GuardedReward) and wrapped[1] is remote and wrapped[2] is module
     assert guard_rewards(wrapped)[0] is wrapped[0]  # not wrapped twice
+
+
+def test_a_reward_that_raises_is_named_with_its_step_and_traceback_file(tmp_path):
+    def broken(completions, **kwargs):
+        raise ValueError("cannot parse 'x'")
+
+    with pytest.raises(GrpoKitError) as info:
+        GuardedReward(broken, tmp_path)(completions=["some text"], trainer_state=_state(3))
+    message = str(info.value)
+    assert "'broken' raised ValueError: cannot parse 'x' at step 4" in message and "'some text'" in message
+    assert f"Full traceback: {tmp_path / 'reward-error.txt'}" in message
+    assert "cannot parse" in (tmp_path / "reward-error.txt").read_text() and "Traceback" in (tmp_path / "reward-error.txt").read_text()
 
 
 def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):

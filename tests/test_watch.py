@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit.callbacks import CompletionSamples
+from grpo_kit.callbacks import CompletionSamples, guard_rewards
 
 
 def tagged(completions, **kwargs):
@@ -20,7 +20,7 @@ def length(completions, **kwargs):
 
 def test_wrapped_rewards_keep_names_and_results_and_record_the_batch():
     samples = CompletionSamples(every=1, rows=2)
-    wrapped = samples.wrap([tagged, length])
+    wrapped = guard_rewards([tagged, length], samples=samples)
     assert [fn.__name__ for fn in wrapped] == ["tagged", "length"]
     batch = ["<think>a</think><answer>4</answer>", "no tags", "<answer>5</answer>", "x"]
     kwargs = {"prompts": ["p"] * 4, "completions": batch, "question": ["Q1", "Q1", "Q2", "Q2"]}
@@ -32,7 +32,7 @@ def test_wrapped_rewards_keep_names_and_results_and_record_the_batch():
 
 def test_a_new_batch_replaces_the_old_scores():
     samples = CompletionSamples(every=1)
-    first, second = samples.wrap([tagged, length])
+    first, second = guard_rewards([tagged, length], samples=samples)
     first(completions=["<answer>1</answer>"], question=["old"])
     second(completions=["<answer>1</answer>"], question=["old"])
     first(completions=["plain"], question=["new"])  # next generation batch: a different list
@@ -43,7 +43,7 @@ def test_a_new_batch_replaces_the_old_scores():
 def test_table_printed_every_n_steps(step, printed):
     out: list[str] = []
     samples = CompletionSamples(every=2, printer=out.append)
-    (fn,) = samples.wrap([tagged])
+    (fn,) = guard_rewards([tagged], samples=samples)
     fn(completions=[[{"role": "assistant", "content": "2+2\n</think>\n<answer>4</answer>"}]], question=["2+2?"])
     state = SimpleNamespace(global_step=step, is_world_process_zero=True)
     samples.on_step_end(None, state, None)
@@ -60,7 +60,7 @@ def test_reward_models_and_async_rewards_pass_unrecorded():
         return [0.0 for _ in completions]
 
     module = torch.nn.Linear(1, 1)
-    wrapped = CompletionSamples(every=1).wrap([tagged, remote, module])
+    wrapped = guard_rewards([tagged, remote, module], samples=CompletionSamples(every=1))
     assert wrapped[0] is not tagged and wrapped[1] is remote and wrapped[2] is module
 
 
