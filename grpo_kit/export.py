@@ -303,10 +303,8 @@ def read_evals(eval_results: Any) -> dict[str, dict] | None:
 
 
 def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
-    """The eval results saved in the adapter's run folder: ``eval_<name>.json`` (the demo), ``eval/<name>.json``."""
-    run = adapter_dir.resolve().parent
-    found = sorted([*run.glob("eval_*.json"), *run.glob("eval/*.json")])
-    return {path.stem.removeprefix("eval_"): path for path in found} or None
+    """The eval results saved in the adapter's run folder, ``eval/<name>.json`` (demo, notebooks 00 and 04)."""
+    return {path.stem: path for path in sorted(adapter_dir.resolve().parent.glob("eval/*.json"))} or None
 
 
 def trained_base(adapter_dir: Path, run: dict) -> str:

@@ -1,4 +1,4 @@
-"""Every chart the kit draws: training curves, before/after accuracy, VRAM plans, exports, notebook 02's pictures."""
+"""Every chart the kit draws: training curves, before/after accuracy, VRAM plans, notebook 02's pictures."""
 
 import os
 from pathlib import Path
@@ -99,25 +99,6 @@ def plot_vram_plans(estimates, *, highlight: str | None = None, out=None, show: 
     ax.set(title="VRAM plan per recipe (GiB; * = chosen)", xlabel="GiB")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _finish(ax.figure, out, show)
-
-
-def plot_exports(results, *, out=None, show: bool = True):
-    """For ``export.ExportResult``s: size on disk, and max |dlogit| against its limit (log scale; an exact 0, a LoRA
-    reloaded bit for bit, is drawn at 1e-8)."""
-    names, floor = [r.format for r in results], 1e-8
-    ax_size, ax_diff = _figure(show, (10, 0.5 * len(names) + 1.8)).subplots(1, 2, sharey=True)
-    sizes = [sum(f.stat().st_size for f in [Path(r.path), *Path(r.path).rglob("*")] if f.is_file()) / 1e6
-             for r in results]
-    ax_size.bar_label(ax_size.barh(names, sizes, color="tab:blue"), fmt=" %.0f MB", fontsize=8)
-    ax_size.set(title="size on disk", xlabel="MB", xlim=(0, max(sizes, default=1) * 1.3 or 1))
-    diffs = [max(r.max_abs_diff, floor) for r in results]
-    ax_diff.barh(names, diffs, color="tab:green")
-    for y, result in enumerate(results):
-        ax_diff.plot([result.tolerance] * 2, [y - 0.42, y + 0.42], color="black", linewidth=2.5)
-    ax_diff.set(xscale="log", title="max |dlogit| vs trained model (black: limit)", xlabel="logit difference")
-    ax_diff.set_xlim(floor / 2, max([*diffs, *(r.tolerance for r in results)], default=1.0) * 300)
-    ax_size.invert_yaxis()  # shared: both panels list the formats top-down
-    return _finish(ax_size.figure, out, show)
 
 
 def plot_advantages(rewards, advantages, num_generations: int, *, out=None, show: bool = True):

@@ -131,21 +131,21 @@ def test_demo_task_flag_reaches_run_demo(monkeypatch):
 
 def test_demo_unknown_task_is_refused(capsys):
     from grpo_kit.cli import build_parser
-    from grpo_kit.demo import demo_task
+    from grpo_kit.demo import run_demo
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(["demo", "--task", "poetry"])
     assert "arithmetic" in capsys.readouterr().err
     with pytest.raises(GrpoKitError, match="format, arithmetic"):
-        demo_task("poetry")
+        run_demo(task="poetry")
 
 
 def test_arithmetic_demo_uses_the_answers_recipe_and_its_held_out_split():
-    from grpo_kit.demo import demo_task
+    from grpo_kit.demo import TASKS
 
-    task = demo_task("arithmetic")
-    assert load_recipe(task.preset).rewards == [("correctness", 1.0), ("format_rate", 0.0)]  # format_rate: a metric
-    assert len(load_gsm8k(task.held_out, "test", limit=task.eval_questions)) == task.eval_questions >= 100
+    task = TASKS["arithmetic"]
+    assert load_recipe(task.recipe).rewards == [("correctness", 1.0), ("format_rate", 0.0)]  # format_rate: a metric
+    assert len(load_gsm8k(task.data, "test", limit=task.eval_questions)) == task.eval_questions >= 100
 
 
 # ------------------------------------------------------------------------------------------------ benchmark

@@ -235,14 +235,3 @@ def test_vram_plans_of_every_recipe_are_drawn(tmp_path):
 
     estimates = {name: estimate_vram(load_recipe(name)) for name in recipe_names()}
     assert is_png(plot_vram_plans(estimates, highlight="t4-16gb", out=tmp_path / "vram.png", show=False))
-
-
-def test_exports_are_drawn_with_an_exact_zero_difference(tmp_path):
-    from grpo_kit.plots import plot_exports
-
-    Result = namedtuple("Result", "format path max_abs_diff tolerance")
-    (tmp_path / "lora").mkdir()
-    (tmp_path / "lora" / "adapter.safetensors").write_bytes(b"x" * 2_000_000)
-    (tmp_path / "model.gguf").write_bytes(b"x" * 5_000_000)
-    results = [Result("lora", tmp_path / "lora", 0.0, 1e-5), Result("gguf", tmp_path / "model.gguf", 0.3, 0.5)]
-    assert is_png(plot_exports(results, out=tmp_path / "exports.png", show=False))
