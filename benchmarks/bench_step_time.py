@@ -58,7 +58,7 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
 
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.models import embedded_model_path, ensure_logprob_kernel
-    from grpo_kit.rewards import parse_reward_spec
+    from grpo_kit.rewards import reward_functions
 
     ensure_logprob_kernel()  # a plain TRL 1.15 script fails on any CPU without it (grpo_kit/models.py)
     path = embedded_model_path()
@@ -66,7 +66,7 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     dataset, _ = format_for_grpo(load_gsm8k("sample", split="train"), tokenizer, few_shot=preset.kit.few_shot,
                                  prefill=preset.kit.prefill, max_prompt_tokens=preset.kit.max_prompt_length)
-    funcs, _, _ = parse_reward_spec(preset.rewards)
+    funcs = reward_functions(preset.kit.reward_funcs)
     # The recipe is TRL's own GRPOConfig and ModelConfig: the plain script uses them as they are.
     config = copy.copy(preset.grpo)
     config.output_dir, config.report_to = str(workdir / f"plain-{time.time_ns()}"), "none"

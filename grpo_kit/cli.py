@@ -66,20 +66,15 @@ def _add_train(sub) -> None:
 
 
 def _add_curriculum(sub) -> None:
-    p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance")
-    p.add_argument(
-        "--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path"
-    )
-    p.add_argument("--preset", default="cpu", help="preset whose prompt format, rewards and sampling settings to use")
-    p.add_argument("--model", help="model id or folder (default: the preset's)")
-    p.add_argument("--adapter", help="LoRA adapter on top of --model, to re-score with a partly trained model")
+    p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance",
+                       description="Samples --samples answers per question with the recipe's model, prompt format, "
+                       "completion length, temperature and rewards (change any with --set KEY=VALUE).")
+    p.add_argument("--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path")
+    p.add_argument("--preset", default="cpu", help="a shipped recipe, or your own recipe YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change one recipe field")
+    p.add_argument("--adapter", help="LoRA adapter on top of the recipe's model, to re-score with a partly trained model")
     p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
-    p.add_argument("--rewards", help="reward spec for the variance check (default: the preset's)")
-    p.add_argument("--max-new-tokens", type=int, help="completion budget (default: the preset's)")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default: the preset's)")
-    p.add_argument("--limit", type=int, help="score the first N questions (after a seeded shuffle)")
-    p.add_argument("--batch-size", type=int, default=4, help="prompts per generate call")
-    p.add_argument("--seed", type=int, default=0, help="sampling and shuffle seed")
+    p.add_argument("--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)")
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
     p.set_defaults(func=_handler("curriculum", "cli_curriculum"))
 

@@ -255,7 +255,8 @@ def _check(recipe: Recipe) -> None:
 
     g, k, name = recipe.grpo, recipe.kit, recipe.name
     parsed = {key: getattr(part, key) for part in (g, recipe.model, k) for key in recipe.values if hasattr(part, key)}
-    bad = [(key, v) for key, v in parsed.items() if isinstance(v, float) and not math.isfinite(v)]
+    bad = [(key, item) for key, v in parsed.items() for item in (v if isinstance(v, list) else [v])
+           if isinstance(item, float) and not math.isfinite(item)]
     if bad:  # argparse reads "inf" and "nan" as floats; TRL would train with them
         raise GrpoKitError(f"Recipe {name}: {bad[0][0]} is {bad[0][1]}; every number must be finite.")
     for key, (ok, wanted) in SANE.items():  # values TRL accepts that no run can mean
@@ -264,6 +265,10 @@ def _check(recipe: Recipe) -> None:
     if g.reward_weights is not None and len(g.reward_weights) != len(k.reward_funcs):
         raise GrpoKitError(f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
                            f"{len(g.reward_weights)} reward_weights; give one weight per reward.")
+    if not any(weight for _, weight in recipe.rewards):
+        raise GrpoKitError(f"Recipe {name}: every reward weight is 0, so every completion scores 0 and GRPO learns "
+                           "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
+                           "[1.0, ...].")
     unknown = [r for r in k.reward_funcs if ":" not in r and r not in REWARDS]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
         raise GrpoKitError(f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "

@@ -215,15 +215,16 @@ def sample_answers(model, tokenizer, prompts: Sequence, *, samples: int, max_new
     return [[text for text, _ in group] for group in groups]
 
 
-def score_dataset(dataset, completions: Sequence[Sequence[str]], *, reward_spec) -> list[PromptScore]:
+def score_dataset(dataset, completions: Sequence[Sequence[str]], *, rewards) -> list[PromptScore]:
     """Score each row of a ``format_for_grpo`` dataset from its sampled ``completions``: each one's final number (read
     after the prefill, as the rewards read it) and reward total as TRL sums it, ``sum_k w_k f_k`` over the
-    ``reward_spec`` functions that returned a number (None = not applicable; NaN when none did). The row's other
-    columns go to every function as keyword lists, as in TRL."""
-    from grpo_kit.rewards import parse_reward_spec
+    ``rewards`` ((name or function, weight) pairs, as ``Recipe.rewards``) that returned a number (None = not
+    applicable; NaN when none did). The row's other columns go to every function as keyword lists, as in TRL."""
+    from grpo_kit.rewards import reward_functions
 
-    funcs, weights, names = parse_reward_spec(reward_spec)
-    spec = ",".join(f"{name}:{weight:g}" for name, weight in zip(names, weights, strict=True))
+    funcs = [name if callable(name) else reward_functions([name])[0] for name, _ in rewards]
+    weights = [weight for _, weight in rewards]
+    spec = ",".join(f"{getattr(fn, '__name__', fn)}:{weight:g}" for fn, weight in zip(funcs, weights, strict=True))
     scores = []
     for row, texts in zip(dataset.to_list(), completions, strict=True):
         columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
@@ -237,26 +238,25 @@ def score_dataset(dataset, completions: Sequence[Sequence[str]], *, reward_spec)
 
 
 def cli_curriculum(args) -> int:
-    """``grpo-kit curriculum``: sample ``--samples`` answers per training question with the recipe's prompt format,
-    completion length and temperature (each overridable), write the scores, print a summary."""
-    from grpo_kit.config import load_recipe
+    """``grpo-kit curriculum``: sample ``--samples`` answers per training question as the recipe would in training
+    (model, prompt format, completion length, temperature, rewards; ``--set`` changes them), write the scores."""
+    from grpo_kit.config import load_recipe, parse_set
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
     if args.samples < 2:
         raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
-    recipe = load_recipe(args.preset)
-    kit = recipe.kit
+    recipe = load_recipe(args.preset, **parse_set(args.set))
+    kit, g = recipe.kit, recipe.grpo
     out = Path(args.out or Path(args.data).with_suffix(".curriculum.jsonl"))  # next to a data file; sample.curriculum...
     set_torch_threads()
-    model, tokenizer = load_inference_model(args.model or recipe.model.model_name_or_path, args.adapter)
-    dataset = load_gsm8k(args.data, split="train", limit=args.limit, seed=args.seed)
+    dataset = load_gsm8k(args.data, split="train", limit=args.limit, seed=g.seed)
+    model, tokenizer = load_inference_model(recipe.model.model_name_or_path, args.adapter)
     formatted, _ = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
                                    max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
-    completions = sample_answers(model, tokenizer, formatted["prompt"], samples=args.samples, seed=args.seed,
-                                 max_new_tokens=args.max_new_tokens or recipe.grpo.max_completion_length,
-                                 temperature=args.temperature or recipe.grpo.temperature, batch_size=args.batch_size)
-    scores = score_dataset(formatted, completions, reward_spec=args.rewards or recipe.rewards)
+    completions = sample_answers(model, tokenizer, formatted["prompt"], samples=args.samples, seed=g.seed,
+                                 max_new_tokens=g.max_completion_length, temperature=g.temperature)
+    scores = score_dataset(formatted, completions, rewards=recipe.rewards)
     write_scores(out, scores)
     accuracies = [s.accuracy for s in scores if s.accuracy is not None]
     print(json.dumps({"questions": len(scores), "mean_entropy": round(statistics.fmean(s.entropy for s in scores), 4),

@@ -16,7 +16,7 @@ outside the main thread. Every check is linear in the text length (``str.find``/
 from __future__ import annotations
 
 import importlib
-import math
+import inspect
 import os
 import re
 import sys
@@ -201,91 +201,47 @@ RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS), 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Choosing rewards by name and weight (TRL's reward_funcs and reward_weights), scoring outside training, the table
+# Rewards by name (a recipe's reward_funcs; TRL's reward_weights weigh them), scoring outside training, the table
 
 
-def parse_reward_spec(spec) -> tuple[list[Callable[..., list[float]]], list[float], list[str]]:
-    """Reward functions, weights and names from a spec.
+def reward_functions(names: Sequence[str]) -> list[Callable[..., list[float]]]:
+    """The reward functions ``names`` name: a built-in (``REWARDS``) or ``package.module:function``, imported as TRL's
+    ``scripts/grpo.py`` imports its rewards (the working folder counts, so ``my_rewards.py`` beside you works).
 
-    ``spec`` is a string such as ``"correctness:2,format,my_rewards:brevity:0.5"`` or a list whose items are such
-    names, reward functions (any TRL-compatible callable, e.g. one defined in a notebook cell) or
-    ``(name_or_function, weight)`` pairs. A name is a built-in reward (case-insensitive, '-' for '_') or
-    ``package.module:function``, imported as TRL's ``scripts/grpo.py`` does. A weight defaults to 1.0.
+    A recipe runs the code it names, like a script: run recipes you trust. Builtins and C functions (``os:system``)
+    are refused: a reward is a Python function that takes the completions and returns one score each.
 
-    >>> parse_reward_spec("correctness:2,tag_progress")[1:]
-    ([2.0, 1.0], ['correctness', 'tag_progress'])
+    >>> [fn.__name__ for fn in reward_functions(["correctness", "tag_progress"])]
+    ['correctness', 'tag_progress']
     """
-    items = spec.split(",") if isinstance(spec, str) else [spec] if callable(spec) else spec
-    if not isinstance(items, Sequence):
-        raise GrpoKitError(f"Reward spec must be a string like 'correctness:2,format', or a list of names and functions, got {spec!r}.")
-    funcs, weights, names = [], [], []
-    for item in items:
-        item = item.strip() if isinstance(item, str) else item
-        if isinstance(item, str) and not item:
-            continue
-        fn, name, weight = _resolve_reward(item)
-        if name in names:
-            raise GrpoKitError(f"Reward {name!r} is named twice; name it once and give it a weight, e.g. {name}:2.")
-        funcs.append(fn)
-        weights.append(weight)
-        names.append(name)
-    if not names:
-        raise GrpoKitError(f"No reward named in {spec!r}. Give at least one, e.g. 'correctness:2,format'.")
-    return funcs, weights, names
+    if isinstance(names, str) or not names:
+        raise GrpoKitError(f"Rewards are a list of names, e.g. [correctness, format]; got {names!r}.")
+    if duplicates := sorted({name for name in names if list(names).count(name) > 1}):
+        raise GrpoKitError(f"Reward {duplicates[0]!r} is named twice; name it once and give it a larger weight.")
+    return [_reward_function(str(name).strip()) for name in names]
 
 
-def _resolve_reward(item) -> tuple[Callable[..., list[float]], str, float]:
-    """``(function, name, weight)`` for one spec item: ``name[:w]``, ``module:function[:w]``, a callable, or a pair."""
-    if isinstance(item, tuple) and len(item) == 2:
-        fn, name, _ = _resolve_reward(item[0])
-        return fn, name, _weight(str(item[1]), repr(item))
-    if callable(item):
-        builtin = next((name for name, fn in REWARDS.items() if fn is item), None)
-        return item, builtin or getattr(item, "__name__", type(item).__name__), 1.0
-    if not isinstance(item, str):
-        raise GrpoKitError(f"Reward {item!r} is neither a name nor a function; pass e.g. 'correctness:2' or a function.")
-    parts = [part.strip() for part in item.split(":")]
-    key = parts[0].lower().replace("-", "_")
-    if key in REWARDS:  # a built-in: at most one weight follows
-        if len(parts) > 2:
-            raise GrpoKitError(f"Bad weight in reward {item!r}: write one finite number after the colon, e.g. correctness:2.")
-        return REWARDS[key], key, _weight(parts[1], item) if len(parts) == 2 else 1.0
-    numeric = re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+|inf|nan|infinity)([eE][-+]?\d+)?", parts[-1], re.IGNORECASE)
-    weight = _weight(parts.pop(), item) if len(parts) == 3 or (len(parts) == 2 and numeric) else 1.0
-    if len(parts) == 2:
-        return _import_reward(parts[0], parts[1], item), f"{parts[0]}:{parts[1]}", weight
-    raise GrpoKitError(
-        f"Unknown reward {parts[0]!r} in {item!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`), or "
-        "name your own function as package.module:function (e.g. my_rewards:brevity:0.5)."
-    )
-
-
-def _import_reward(module: str, function: str, item: str) -> Callable[..., list[float]]:
-    """Import ``module`` and return its ``function``; the current folder counts, so ``my_rewards.py`` beside you works."""
+def _reward_function(name: str) -> Callable[..., list[float]]:
+    if name in REWARDS:
+        return REWARDS[name]
+    module, _, function = name.partition(":")
+    if not function:
+        raise GrpoKitError(f"Unknown reward {name!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`), or name "
+                           "your own function as package.module:function (e.g. my_rewards:brevity).")
     if os.getcwd() not in sys.path:  # a console script's sys.path lacks the folder the user runs it from
         sys.path.append(os.getcwd())
     try:
         fn = getattr(importlib.import_module(module), function)
     except ModuleNotFoundError as error:
-        raise GrpoKitError(
-            f"Reward {item!r}: cannot import module {module!r} ({error}). Put {module.replace('.', '/')}.py in the "
-            "folder you run from, or install the package that holds it."
-        ) from None
+        raise GrpoKitError(f"Reward {name!r}: cannot import module {module!r} ({error}). Put "
+                           f"{module.replace('.', '/')}.py in the folder you run from, or install the package that "
+                           "holds it.") from None
     except AttributeError:
-        raise GrpoKitError(f"Reward {item!r}: module {module!r} has no function {function!r}.") from None
-    if not callable(fn):
-        raise GrpoKitError(f"Reward {item!r}: {module}.{function} is not a function.")
+        raise GrpoKitError(f"Reward {name!r}: module {module!r} has no function {function!r}.") from None
+    if not callable(fn) or inspect.isbuiltin(fn) or inspect.ismethoddescriptor(fn) or isinstance(fn, type):
+        raise GrpoKitError(f"Reward {name!r}: {module}.{function} is not a Python reward function (f(completions, "
+                           "**kwargs) -> list of floats); builtins and classes cannot be rewards.")
     return fn
-
-
-def _weight(text: str, item: str) -> float:
-    try:
-        weight = float(text)
-    except ValueError:
-        weight = math.nan
-    if not math.isfinite(weight):
-        raise GrpoKitError(f"Bad weight in reward {item!r}: write a finite number after the colon, e.g. correctness:2.")
-    return weight
 
 
 def score_completions(completions: Sequence[Any], answers: Sequence[str] | str | None,
@@ -296,7 +252,8 @@ def score_completions(completions: Sequence[Any], answers: Sequence[str] | str |
     >>> score_completions(["<think>a</think><answer>7</answer>"], "7", names=["correctness", "format"])
     [{'correctness': 2.0, 'format': 0.5, 'total': 2.5}]
     """
-    funcs, _, chosen = parse_reward_spec(list(RANGES) if names is None else names)
+    chosen = list(RANGES) if names is None else list(names)
+    funcs = reward_functions(chosen)
     count = len(completions)
     gold = [column(answers, i) for i in range(count)]
     heads = [column(prefill, i) for i in range(count)]

@@ -334,7 +334,7 @@ def wait_for_everyone(config) -> None:
 # --------------------------------------------------------------------------------------------- run.json
 
 
-def write_run_info(run_dir: Path, recipe, *, data: str, reward_names: list[str], curriculum=None) -> Path:
+def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None) -> Path:
     """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions."""
     import peft
     import transformers
@@ -342,7 +342,7 @@ def write_run_info(run_dir: Path, recipe, *, data: str, reward_names: list[str],
 
     secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
     values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
-    info = {"recipe": values, "data": data, "reward_names": list(reward_names), "curriculum": curriculum,
+    info = {"recipe": values, "data": data, "reward_names": list(recipe.kit.reward_funcs), "curriculum": curriculum,
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
     return atomic_write_text(Path(run_dir) / "run.json", json.dumps(info, indent=2, default=str))
 

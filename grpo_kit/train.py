@@ -71,7 +71,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     )
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.planner import check_device
-    from grpo_kit.rewards import parse_reward_spec
+    from grpo_kit.rewards import reward_functions
 
     # --- Recipe: the run folder is its output_dir; a curriculum keeps its order unless the recipe says otherwise
     recipe = recipe.replace(output_dir=str(run_folder(recipe, output_dir)))
@@ -91,7 +91,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
-    funcs, _, names = parse_reward_spec(recipe.rewards)  # package.module:function rewards are imported now
+    funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
     runs.wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
@@ -118,7 +118,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if is_main:
         if checkpoint is not None:
             truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        runs.write_run_info(run_dir, recipe, data=data, reward_names=names, curriculum=curriculum_report)
+        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report)
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log, guard and show
     samples = CompletionSamples(every=show_completions)

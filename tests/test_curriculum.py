@@ -238,7 +238,7 @@ def test_rewards_are_summed_like_trl():
     def second(completions, **kwargs):
         return [0.5, 0.5, None]
 
-    (score,) = score_dataset(dataset, [["a", "b", "c"]], reward_spec=[(first, 2.0), (second, 1.0)])
+    (score,) = score_dataset(dataset, [["a", "b", "c"]], rewards=[(first, 2.0), (second, 1.0)])
     assert score.rewards[:2] == (2.5, 0.5) and math.isnan(score.rewards[2])
 
 
@@ -268,7 +268,7 @@ def _constructed_case():
 
 def test_score_dataset_reads_answers_with_the_prefill_and_scores_with_the_run_rewards():
     dataset, sampler = _constructed_case()
-    scores = score_dataset(dataset, sampler(dataset, 4), reward_spec="tag_progress,correctness:0.25")
+    scores = score_dataset(dataset, sampler(dataset, 4), rewards=[("tag_progress", 1.0), ("correctness", 0.25)])
     stuck = scores[1]
     assert stuck.answers == ("9",) * 4 and stuck.zero_variance and stuck.entropy == 0.0 and stuck.accuracy == 0.0
     assert stuck.rewards == (1.0,) * 4  # tag_progress counts the prefilled <think> as written
@@ -279,11 +279,11 @@ def test_score_dataset_reads_answers_with_the_prefill_and_scores_with_the_run_re
 def test_dropping_zero_variance_prompts_removes_zero_std_groups(tmp_path):
     """The constructed case: half the prompts are stuck. Filtering with the scores leaves no flat group."""
     dataset, sampler = _constructed_case()
-    spec = "tag_progress,correctness:0.25"
-    path = write_scores(tmp_path / "s.jsonl", score_dataset(dataset, sampler(dataset, 4), reward_spec=spec))
+    spec = [("tag_progress", 1.0), ("correctness", 0.25)]
+    path = write_scores(tmp_path / "s.jsonl", score_dataset(dataset, sampler(dataset, 4), rewards=spec))
 
     def zero_std_share(rows):  # one fresh "training" pass: G=4 samples per prompt, scored, TRL's metric
-        fresh = score_dataset(rows, sampler(rows, 4), reward_spec=spec)
+        fresh = score_dataset(rows, sampler(rows, 4), rewards=spec)
         return _trl_frac_zero_std([r for score in fresh for r in score.rewards], num_generations=4)
 
     before = zero_std_share(dataset)
@@ -328,7 +328,8 @@ def test_cli_curriculum_writes_scores_next_to_the_data(tiny_model_dir, tmp_path,
     data = tmp_path / "train.jsonl"
     rows = make_arithmetic_dataset(3, seed=0).to_list()
     data.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rows))
-    argv = ["curriculum", "--data", str(data), "--model", str(tiny_model_dir), "--samples", "2", "--max-new-tokens", "6"]
+    argv = ["curriculum", "--data", str(data), "--set", f"model_name_or_path={tiny_model_dir}", "--samples", "2",
+            "--set", "max_completion_length=6"]
     assert main(argv) == 0
     scores = read_scores(tmp_path / "train.curriculum.jsonl")
     assert set(scores) == {r["question"] for r in rows}

@@ -117,10 +117,11 @@ def test_check_writable_names_the_folder(tmp_path):
 
 
 def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_path, monkeypatch):
-    recipe = SimpleNamespace(values={"name": "cpu", "lora_r": 8, "hub_token": "hf_SECRET", "learning_rate": 1e-4})
+    recipe = SimpleNamespace(values={"name": "cpu", "lora_r": 8, "hub_token": "hf_SECRET", "learning_rate": 1e-4},
+                             kit=SimpleNamespace(reward_funcs=["correctness", "format_rate"]))
     written = []
     monkeypatch.setattr(runs, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
-    runs.write_run_info(tmp_path, recipe, data="sample", reward_names=["correctness", "format_rate"])
+    runs.write_run_info(tmp_path, recipe, data="sample")
     assert written == [tmp_path / "run.json"]
     info = runs.read_run_info(tmp_path)
     assert info["recipe"] == {"name": "cpu", "lora_r": 8, "hub_token": "***", "learning_rate": 1e-4}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import trl
 import yaml
@@ -129,3 +131,13 @@ def test_old_knob_flags_are_refused_with_their_set_spelling(capsys):
 def test_cli_set_output_dir_is_refused_in_favour_of_output(capsys):
     assert main(["train", "--preset", "cpu", "--set", "output_dir=/tmp/x"]) == 2
     assert "--output DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"reward_weights": [1.0, float("nan"), 0.0]}, "reward_weights is nan; every number must be finite"),
+    ({"reward_weights": [0.0, 0.0, 0.0]}, "every reward weight is 0"),
+    ({"learning_rate": 1e10}, "learning_rate=10000000000.0 cannot be meant"),
+])
+def test_values_no_run_can_mean_are_refused(changes, message):
+    with pytest.raises(GrpoKitError, match=re.escape(message)):
+        load_recipe("cpu", **changes)

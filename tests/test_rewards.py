@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.rewards import RANGES, REWARDS, cli_rewards, parse_reward_spec, reward_table_markdown, score_completions
+from grpo_kit.rewards import RANGES, REWARDS, cli_rewards, reward_functions, reward_table_markdown, score_completions
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
@@ -459,55 +459,32 @@ def test_cli_rewards_into_a_closed_pipe_has_no_traceback():
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
-# ----------------------------------------------------------------------------------------------- parse_reward_spec
+# ----------------------------------------------------------------------------------------------- reward_functions
+
+
+def test_reward_functions_by_name():
+    names = ["correctness", "integer", "strict_format", "format", "tag_count", "format_rate"]
+    assert reward_functions(names) == [REWARDS[n] for n in names]
 
 
 @pytest.mark.parametrize(
-    ("spec", "names", "weights"),
+    ("names", "message"),
     [
-        ("correctness:2,format", ["correctness", "format"], [2.0, 1.0]),
-        (" correctness : 2 , format ", ["correctness", "format"], [2.0, 1.0]),
-        ("tag_progress", ["tag_progress"], [1.0]),
-        ("Strict-Format:0.5", ["strict_format"], [0.5]),
-        ("correctness:0,format:-1", ["correctness", "format"], [0.0, -1.0]),
-        ("correctness,,format,", ["correctness", "format"], [1.0, 1.0]),
-        (["correctness:2", "format"], ["correctness", "format"], [2.0, 1.0]),
-        (("integer",), ["integer"], [1.0]),
-        ("correctness,integer,strict_format,format,tag_count",
-         ["correctness", "integer", "strict_format", "format", "tag_count"], [1.0] * 5),
-        ("format_rate:0", ["format_rate"], [0.0]),
+        (["correctnes"], "correctness, format, strict_format"),  # unknown: the valid names are listed
+        (["correctness", "bogus"], "Unknown reward 'bogus'"),
+        (["format", "format"], "named twice"),
+        ([], "a list of names"),
+        ("correctness,format", "a list of names"),
+        (["no_such_module_xyz:fn"], "cannot import module 'no_such_module_xyz'"),
+        (["json:no_such_function"], "has no function 'no_such_function'"),
+        (["json:__doc__"], "is not a Python reward function"),
+        (["os:system"], "builtins and classes cannot be rewards"),  # a recipe cannot call a shell command
+        (["collections:Counter"], "builtins and classes cannot be rewards"),
     ],
 )
-def test_parse_reward_spec(spec, names, weights):
-    funcs, got_weights, got_names = parse_reward_spec(spec)
-    assert got_names == names and got_weights == weights
-    assert funcs == [REWARDS[n] for n in names]
-
-
-@pytest.mark.parametrize(
-    ("spec", "message"),
-    [
-        ("correctnes", "correctness, format, strict_format"),  # unknown: the valid names are listed
-        ("correctness,bogus:2", "Unknown reward 'bogus'"),
-        ("correctness:two", "Bad weight"),
-        ("correctness:", "Bad weight"),
-        ("correctness:nan", "Bad weight"),
-        ("correctness:inf", "Bad weight"),
-        ("correctness:1:2", "Bad weight"),
-        ("format,format:2", "named twice"),
-        ("", "No reward named"),
-        (" , ", "No reward named"),
-        ([], "No reward named"),
-        (None, "must be a string"),
-        (["correctness", 2], "neither a name nor a function"),
-        ("no_such_module_xyz:fn", "cannot import module 'no_such_module_xyz'"),
-        ("json:no_such_function", "has no function 'no_such_function'"),
-        ("json:__doc__", "is not a function"),
-    ],
-)
-def test_parse_reward_spec_errors(spec, message):
+def test_reward_functions_errors(names, message):
     with pytest.raises(GrpoKitError, match=re.escape(message)):
-        parse_reward_spec(spec)
+        reward_functions(names)
 
 
 # ----------------------------------------------------------------------------------------------- score_completions
@@ -539,16 +516,6 @@ def test_a_reward_from_a_module_beside_you_is_imported(tmp_path, monkeypatch):
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", str(tmp_path))])
-    funcs, weights, names = parse_reward_spec("correctness:2,my_rewards_mod:brevity:0.5")
-    assert names == ["correctness", "my_rewards_mod:brevity"] and weights == [2.0, 0.5]
-    assert funcs[1](["abcd"]) == [-0.04] and funcs[1].__name__ == "brevity"
-    again = parse_reward_spec([f"{n}:{w}" for n, w in zip(names, weights, strict=True)])  # as run.json records it
-    assert again[2] == names and again[1] == weights
-
-
-def test_functions_and_pairs_are_rewards_too():
-    def brevity(completions, **kwargs):
-        return [0.0 for _ in completions]
-
-    funcs, weights, names = parse_reward_spec([REWARDS["format"], (brevity, 0.25)])
-    assert funcs == [REWARDS["format"], brevity] and names == ["format", "brevity"] and weights == [1.0, 0.25]
+    correctness, brevity = reward_functions(["correctness", "my_rewards_mod:brevity"])
+    assert correctness is REWARDS["correctness"]
+    assert brevity(["abcd"]) == [-0.04] and brevity.__name__ == "brevity"
