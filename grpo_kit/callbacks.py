@@ -2,15 +2,9 @@
 
 TRL 1.x is forgiving where a run should stop: it reads a NaN reward as "not applicable" (``nansum``, advantages
 ``nan_to_num``), transformers' ``logging_nan_inf_filter`` hides a NaN loss, and a dataset smaller than one generation
-batch trains **zero** steps. So:
-
-- ``guard_rewards(funcs)``: each reward's scores are checked as they are produced (NaN/inf -> ``NumericsError``
-  naming the reward, the step and the completion; ``None`` keeps TRL's meaning, "not applicable").
-- ``NumericsGuard``: a NaN/inf ``loss``, ``grad_norm`` or reward in a log stops the run from ``on_log``, i.e. before
-  that step's checkpoint is written, so the last checkpoint on disk is the last good one.
-- ``guard_numerics(trainer, run_dir)``: around ``trainer.train()``, sampling from broken weights and CUDA running out
-  of memory become one clear message each. ``check_saved_adapter``: a run is done only when its adapter is finite.
-- ``MetricsLogger`` (``metrics.jsonl``) and ``CompletionSamples`` (sampled completions with each reward's score).
+batch trains **zero** steps. So each reward's scores are checked as they are produced (``guard_rewards``), a log
+with a NaN/inf stops the run from ``on_log``, i.e. before that step's checkpoint is written, so the last checkpoint on
+disk is the last good one (``NumericsGuard``), and a run is done only when its adapter is finite.
 
 >>> non_finite({"loss": float("nan"), "grad_norm": 1.0, "rewards/format/mean": float("inf"), "epoch": 0.1})
 [('loss', nan), ('reward/format', inf)]
@@ -30,6 +24,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.rewards import completion_text
 from grpo_kit.runs import ADAPTER_WEIGHTS, adapter_weights_problem, atomic_write_text, latest_checkpoint
 
 #: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
@@ -102,14 +97,6 @@ def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkp
 # --------------------------------------------------------------------------------------------- rewards
 
 
-def _plain(fn) -> bool:
-    """A plain synchronous function: reward models (``nn.Module``) and async functions are called differently by TRL."""
-    import torch
-    from trl.trainer.utils import is_async_callable
-
-    return callable(fn) and not isinstance(fn, torch.nn.Module) and not is_async_callable(fn)
-
-
 class GuardedReward:
     """A reward function as TRL calls it, watched: an exception or a NaN/inf score stops the run with a message naming
     the reward, the step and the completion (``None`` passes: TRL's "not applicable"); the scores go to ``samples``.
@@ -129,7 +116,7 @@ class GuardedReward:
             raise self._raised(error, step, completions) from error
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
-                text = _excerpt(_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
+                text = _excerpt(completion_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
                 raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir,
                                      detail=f" (completion {index}: {text!r})")
         if self.samples is not None:
@@ -144,7 +131,7 @@ class GuardedReward:
             path = Path(self.run_dir) / "reward-error.txt"
             path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
             saved = f" Full traceback: {path}."
-        first = _excerpt(_text(completions[0]), head=80, tail=0) if completions else "n/a"
+        first = _excerpt(completion_text(completions[0]), head=80, tail=0) if completions else "n/a"
         return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
                             f"{str(error)[:200]} at step {step or '?'} (first completion of the batch: {first!r})."
                             f"{saved} Fix the function (it must return one float or None per completion, for any "
@@ -152,29 +139,31 @@ class GuardedReward:
 
 
 def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None) -> list:
-    """Each plain reward function as a ``GuardedReward``; reward models and async functions pass unchanged."""
-    return [GuardedReward(fn, run_dir, samples) if _plain(fn) and not isinstance(fn, GuardedReward) else fn
-            for fn in funcs]
+    """Each plain reward function as a ``GuardedReward``; reward models (``nn.Module``) and async functions, which
+    TRL calls differently, pass unchanged."""
+    import torch
+    from trl.trainer.utils import is_async_callable
+
+    plain = [callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
+             for fn in funcs]
+    return [GuardedReward(fn, run_dir, samples) if wrap else fn for fn, wrap in zip(funcs, plain, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------- trainer callbacks
 
 
 class NumericsGuard(TrainerCallback):
-    """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward.
+    """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward (under fp16, only
+    after ``FP16_GRAD_NORM_PATIENCE`` non-finite grad_norm logs in a row)."""
 
-    ``grad_norm_patience``: consecutive non-finite ``grad_norm`` logs allowed; by default ``FP16_GRAD_NORM_PATIENCE``
-    under fp16 (the loss scaler skips such steps on purpose) and 1 otherwise.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike | None = None, grad_norm_patience: int | None = None):
-        self.run_dir, self.grad_norm_patience, self.bad_grad_norms = run_dir, grad_norm_patience, 0
+    def __init__(self, run_dir: str | os.PathLike | None = None):
+        self.run_dir, self.bad_grad_norms = run_dir, 0
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         bad = non_finite(logs or {})
         grad = [item for item in bad if item[0] == "grad_norm"]
         self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
-        patience = self.grad_norm_patience or (FP16_GRAD_NORM_PATIENCE if getattr(args, "fp16", False) else 1)
+        patience = FP16_GRAD_NORM_PATIENCE if getattr(args, "fp16", False) else 1
         fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
         if fatal:
             raise numerics_error(state.global_step, *fatal[0], self.run_dir)
@@ -274,8 +263,8 @@ class CompletionSamples(TrainerCallback):
         """Up to ``rows`` completions spread over the batch (so different questions show), with their scores."""
         n = len(self.completions)
         picked = list(range(0, n, max(1, n // self.max_rows)))[: self.max_rows]
-        return [{"question": _excerpt(_text(self.questions[i]), head=60, tail=0),
-                 "completion": _excerpt(_text(self.completions[i])),
+        return [{"question": _excerpt(completion_text(self.questions[i]), head=60, tail=0),
+                 "completion": _excerpt(completion_text(self.completions[i])),
                  **{name: scores[i] for name, scores in self.scores.items()}} for i in picked]
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -287,13 +276,6 @@ class CompletionSamples(TrainerCallback):
                                if k not in ("question", "completion"))
             lines.append(f"  Q: {row['question']}\n  A: {row['completion']}\n     {scores}")
         self.printer("\n".join(lines) if len(lines) > 1 else f"step {state.global_step}: no completions recorded yet")
-
-
-def _text(item) -> str:
-    """Plain text of a completion or prompt: a string, or the last message of a chat list."""
-    if isinstance(item, list) and item and isinstance(item[-1], dict):
-        return str(item[-1].get("content", ""))
-    return str(item)
 
 
 def _excerpt(text: str, head: int = 40, tail: int = 70) -> str:
@@ -360,6 +342,10 @@ def _non_finite_tensors(adapter_dir: str | os.PathLike) -> list[str]:
 def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
     """Refuse an adapter whose weights file is unreadable or holds NaN/inf (``use``: what was asked): a NaN adapter
     would otherwise be exported and "verified" (NaN compares false with any limit) or evaluated as a model."""
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        inside = Path(adapter_dir) / "adapter"  # given the run folder instead of its adapter/
+        hint = f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
+        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     if problem := adapter_weights_problem(adapter_dir):
         raise GrpoKitError(f"Cannot {use}: {problem}. Use another checkpoint-N folder of the run, or train again.")
     if bad := _non_finite_tensors(adapter_dir):

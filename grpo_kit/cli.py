@@ -15,57 +15,47 @@ from grpo_kit import __version__
 from grpo_kit.errors import GrpoKitError
 
 
-def _handler(module: str, function: str):
-    def run(args: argparse.Namespace) -> int | None:
-        return getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
+def build_parser() -> argparse.ArgumentParser:
+    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables: no torch at import
+    from grpo_kit.demo import TASKS  # a light module: no torch/transformers at import time
 
-    return run
+    parser = argparse.ArgumentParser(
+        prog="grpo-kit",
+        description="Teach and run GRPO on GSM8K: presets per VRAM tier, training, evaluation, verified exports.",
+    )
+    parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-
-def _add_presets(sub) -> None:
     p = sub.add_parser("presets", help="list the VRAM-tier presets (table, or JSON with --json)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
-    p.set_defaults(func=_handler("planner", "cli_presets"))
+    p.set_defaults(handler=("planner", "cli_presets"))
 
-
-def _add_rewards(sub) -> None:
     p = sub.add_parser("rewards", help="list the reward functions a recipe can name (reward_funcs: in a recipe)")
-    p.set_defaults(func=_handler("rewards", "cli_rewards"))
-
-
-def _add_train(sub) -> None:
-    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables: no torch at import
+    p.set_defaults(handler=("rewards", "cli_rewards"))
 
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
                        description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
                        "(grpo_kit.config.KitArgs). Change any of them for one run with --set KEY=VALUE, e.g. --set "
                        "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false.")
-    p.add_argument("--preset", default="auto", help="a shipped recipe (see `grpo-kit presets`), or 'auto' to detect")
-    p.add_argument("--recipe", metavar="PATH", help="your own recipe YAML file (start from recipes/cpu.yaml)")
+    p.add_argument("--preset", "--recipe", default="auto", metavar="NAME|PATH", help="a shipped recipe (see `grpo-kit "
+                   "presets`), 'auto' to detect, or your own recipe YAML file (start from recipes/cpu.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change one recipe field: any GRPOConfig or ModelConfig field (learning_rate=1e-5, lora_r=8) "
                    "or a kit field (reward_funcs=correctness,format); repeat for more")
     p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file")
     p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
-    p.add_argument(
-        "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
-    )
+    p.add_argument("--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping")
     p.add_argument("--show-completions", type=int, default=0, metavar="N",
                    help="every N steps, print a few sampled completions with each reward's score")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
     p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
-    p.add_argument(
-        "--zero-variance",
-        choices=list(ZERO_VARIANCE),
-        help="questions whose sampled rewards were all equal (default: keep)",
-    )
-    p.set_defaults(func=_handler("train", "cli_train"))
+    p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE),
+                   help="questions whose sampled rewards were all equal (default: keep)")
+    p.set_defaults(handler=("train", "cli_train"))
 
-
-def _add_curriculum(sub) -> None:
     p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance",
                        description="Samples --samples answers per question with the recipe's model, prompt format, "
                        "completion length, temperature and rewards (change any with --set KEY=VALUE).")
@@ -76,26 +66,19 @@ def _add_curriculum(sub) -> None:
     p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
     p.add_argument("--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)")
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
-    p.set_defaults(func=_handler("curriculum", "cli_curriculum"))
-
-
-def _add_demo(sub) -> None:
-    from grpo_kit.demo import TASKS  # a light module: no torch/transformers at import time
+    p.set_defaults(handler=("curriculum", "cli_curriculum"))
 
     p = sub.add_parser("demo", help="train GRPO on CPU with the embedded model and show that it learns")
-    p.add_argument(
-        "--task", choices=tuple(TASKS), default="format",
-        help="what GRPO teaches: 'format' (think/answer tags, ~8 min on 2 cores) or 'arithmetic' (right answers to "
-        "one-step arithmetic with the cpu-answers preset, measured on held-out problems with 95 %% intervals)",
-    )
+    p.add_argument("--task", choices=tuple(TASKS), default="format",
+                   help="what GRPO teaches: 'format' (think/answer tags, ~8 min on 2 cores) or 'arithmetic' (right "
+                   "answers to one-step arithmetic with the cpu-answers preset, measured on held-out problems with 95 %% "
+                   "intervals)")
     p.add_argument("--max-steps", type=int, help="optimizer steps (default: the demo recipe's)")
     p.add_argument("--output", help="run folder (default: runs/demo)")
     p.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
     p.add_argument("--no-export", action="store_true", help="skip exporting the adapter")
-    p.set_defaults(func=_handler("demo", "cli_demo"))
+    p.set_defaults(handler=("demo", "cli_demo"))
 
-
-def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
     p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
     p.add_argument("--adapter", help="LoRA adapter folder to evaluate on top of --model")
@@ -107,19 +90,11 @@ def _add_eval(sub) -> None:
     p.add_argument("--maj", type=int, default=0, metavar="K", help="also report maj@K with K sampled answers")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
-    p.add_argument(
-        "--harness",
-        metavar="TASK",
-        help="run lm-evaluation-harness's gsm8k or gsm8k_cot task instead of the kit's protocol "
-        "(pip install 'grpo-kit[harness]')",
-    )
-    p.add_argument(
-        "--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples"
-    )
-    p.set_defaults(func=_handler("evaluate", "cli_eval"))
+    p.add_argument("--harness", metavar="TASK", help="run lm-evaluation-harness's gsm8k or gsm8k_cot task instead of "
+                   "the kit's protocol (pip install 'grpo-kit[harness]')")
+    p.add_argument("--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples")
+    p.set_defaults(handler=("evaluate", "cli_eval"))
 
-
-def _add_export(sub) -> None:
     p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")
     p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the one recorded in the adapter)")
@@ -130,28 +105,15 @@ def _add_export(sub) -> None:
     p.add_argument("--out-dir", default="exports", help="parent folder of exports")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")
     p.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repo (token from HF_TOKEN)")
-    p.set_defaults(func=_handler("export", "cli_export"))
+    p.set_defaults(handler=("export", "cli_export"))
 
-
-def _add_chat(sub) -> None:
     p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
     p.add_argument("question", nargs="*", help="the question (none: read one question per line from stdin)")
     p.add_argument("--adapter", help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
-    p.set_defaults(func=_handler("evaluate", "cli_chat"))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="grpo-kit",
-        description="Teach and run GRPO on GSM8K: presets per VRAM tier, training, evaluation, verified exports.",
-    )
-    parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_presets, _add_rewards, _add_train, _add_curriculum, _add_demo, _add_eval, _add_export, _add_chat):
-        add(sub)
+    p.set_defaults(handler=("evaluate", "cli_chat"))
     return parser
 
 
@@ -160,11 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}{set_hint(extra)}")
-    if not getattr(args, "func", None):
+    if not getattr(args, "handler", None):
         parser.print_help()
         return 0
     try:
-        result = args.func(args)
+        module, function = args.handler
+        result = getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
     except GrpoKitError as error:
         print(f"grpo-kit: error: {error}", file=sys.stderr)
         return 2
@@ -189,6 +152,3 @@ def set_hint(extra: list[str]) -> str:
             hints.append(f"--set {key.replace('-', '_')}={value or 'VALUE'}")
     return f". Recipe fields change with --set: {' '.join(hints)}" if hints else ""
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,7 +20,6 @@ CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a r
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import json
 import math
@@ -75,10 +74,6 @@ class Recipe:
     @property
     def vllm_colocated(self) -> bool:
         return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "colocate"
-
-    @property
-    def vllm_server(self) -> bool:
-        return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "server"
 
     @property
     def prompts_per_step(self) -> int:
@@ -280,12 +275,11 @@ def _check(recipe: Recipe) -> None:
     if min(k.max_prompt_length, g.max_completion_length, recipe.model.lora_r, g.max_steps) < 1:
         raise GrpoKitError(f"Recipe {name}: max_prompt_length, max_completion_length, lora_r and max_steps must be "
                            "positive (max_steps -1 means epochs in TRL; the kit counts steps).")
+    if g.use_vllm and g.vllm_mode == "server" and recipe.model.load_in_4bit:  # TRL would send the server each
+        # param.data with LoRA merged in: for a bitsandbytes 4-bit layer, packed bytes without their quantization state
+        raise GrpoKitError(f"Recipe {name}: vllm_mode='server' cannot train 4-bit weights (load_in_4bit): the server "
+                           "would silently generate from packed 4-bit bytes. Use colocated vLLM (--set vllm_mode=colocate) "
+                           "or 16-bit weights (--set load_in_4bit=false, or the a100-40gb recipe: more memory).")
     if not recipe.model.model_name_or_path:
         raise GrpoKitError(f"Recipe {name}: model_name_or_path is missing; name a Hub id or a local folder.")
 
-
-def grpo_field_help(key: str) -> str:
-    """TRL's own one-paragraph help for a ``GRPOConfig`` field (the notebooks print it next to the value)."""
-    import trl
-
-    return next(f.metadata.get("help", "") for f in dataclasses.fields(trl.GRPOConfig) if f.name == key)

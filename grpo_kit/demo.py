@@ -92,9 +92,7 @@ def run_demo(*, task: str = "format", max_steps: int | None = None, output_dir: 
 
     if export_adapter:
         print_fn("[4/4] export: adapter -> exports/, verified by reloading it")
-        evals = {name: outcome[name] for name in ("before", "after") if name in outcome}
-        outcome["exports"] = export(result.adapter_dir, ("lora",), out_dir="exports", name=f"demo-{stamp}",
-                                    eval_results=evals or None)
+        outcome["exports"] = export(result.adapter_dir, ("lora",), out_dir="exports", name=f"demo-{stamp}")
         for item in outcome["exports"]:
             print_fn(f"  {item}")
     print_fn(f"\ndemo finished in {time.time() - started:.0f} s")

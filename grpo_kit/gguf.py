@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib.util
 import json
 import os
 import shutil
@@ -24,7 +25,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import gguf
+import numpy as np
+import torch
+from huggingface_hub import snapshot_download
+
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.models import embedded_gguf_path, half_dtype_name
 
 #: The one table of the types an export is stored and checked in: (logit atol, logit rtol, weight rtol, GGUF writer).
 #: Logits: ``max |d| <= atol + rtol * max |tuned logit|``; measured on SmolLM2-135M (max logit 28-43): bf16 storage
@@ -45,24 +52,24 @@ LIMITS = {
 GGUF_TYPES = tuple(kind for kind, limit in LIMITS.items() if limit[3])
 GPU_HINT = ("On a GPU with Unsloth installed the export uses Unsloth's save_pretrained_gguf; or export --format "
             "merged16 and convert that folder with llama.cpp's convert_hf_to_gguf.py.")
-RESULT_PREFIX = "grpo-kit-result: "
 NO_FILES_HELP = ("Unsloth converts with llama.cpp, which it builds on first use (git, cmake, a C++ compiler, internet "
                  "access). Read the output above, fix the build (e.g. `apt-get install cmake build-essential`) and "
                  "export again, or export --format merged16 and convert it with llama.cpp's convert_hf_to_gguf.py.")
+RESULT_PREFIX = "grpo-kit-result: "
+
+
+def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str, how: str = "") -> list[str]:
+    """``"F16, q4_k_m"`` or ``["f16"]`` -> ``["f16", "q4_k_m"]``: lower case, in order, once each, all ``allowed``."""
+    items = list(dict.fromkeys(t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)))
+    if not (items := [t for t in items if t]) or (unknown := [t for t in items if t not in allowed]):
+        raise GrpoKitError(f"Unknown {what} {items and unknown}; choose from {', '.join(allowed)}{how}.")
+    return items
 
 
 def parse_gguf_types(spec: str | Sequence[str]) -> list[str]:
-    """``"f16,q4_k_m"`` -> validated type names; which writer makes them is decided by the export.
-
-    >>> parse_gguf_types("F16, q4_k_m")
-    ['f16', 'q4_k_m']
-    """
-    items = spec.split(",") if isinstance(spec, str) else spec
-    types = list(dict.fromkeys(t.strip().lower() for t in items if t.strip()))
-    if not types or (unknown := [t for t in types if t not in GGUF_TYPES]):
-        raise GrpoKitError(f"GGUF type(s) {types and unknown} not offered: f16, q8_0 (CPU writer: llama models with "
-                           f"the SmolLM2 tokenizer), or on a GPU with Unsloth: {', '.join(GGUF_TYPES)}.")
-    return types
+    """The GGUF types asked for, the first the Modelfile's; which writer makes them is decided by the export."""
+    return parse_names(spec, GGUF_TYPES, "GGUF type(s)", " (f16, q8_0 also on a CPU for llama models with the SmolLM2 "
+                       "tokenizer; the k-quants on a GPU with Unsloth)")
 
 
 def cpu_writer_problem(config, tokenizer, gguf_types: Sequence[str]) -> str | None:
@@ -74,34 +81,25 @@ def cpu_writer_problem(config, tokenizer, gguf_types: Sequence[str]) -> str | No
     if config.model_type != "llama" or rope.get("rope_type", "default") != "default" or biases:
         return (f"the CPU GGUF writer supports the llama architecture only (SmolLM2, Llama, TinyLlama: no rope "
                 f"scaling, no biases); this model is '{config.model_type}'")
-    tokens = _embedded_tokenizer()[0]
-    if len(tokenizer) != len(tokens) or tuple(tokenizer.convert_ids_to_tokens(list(range(len(tokens))))) != tokens:
+    tokens = _embedded_tokenizer()["tokenizer.ggml.tokens"][0]
+    if len(tokenizer) != len(tokens) or tokenizer.convert_ids_to_tokens(list(range(len(tokens)))) != tokens:
         return (f"the CPU GGUF writer copies the embedded SmolLM2 tokenizer's metadata, and this model's tokenizer "
                 f"differs from it (vocab {len(tokenizer)} vs {len(tokens)})")
     return None
 
 
 @functools.lru_cache(maxsize=1)
-def _embedded_tokenizer() -> tuple[tuple[str, ...], tuple]:
-    """(tokens, ``tokenizer.*`` fields as (key, value, type, sub type)) of the embedded model's GGUF; cached because
+def _embedded_tokenizer() -> dict[str, tuple]:
+    """``{key: (value, type, sub type)}`` of the ``tokenizer.*`` fields of the embedded model's GGUF; cached because
     gguf-py parses its 49k-entry arrays slowly (5-10 s)."""
-    import gguf
-
-    from grpo_kit.models import embedded_gguf_path
-
     reader = gguf.GGUFReader(str(embedded_gguf_path()))
-    fields = tuple((key, field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
-                   for key, field in reader.fields.items() if key.startswith("tokenizer."))
-    return tuple(reader.fields["tokenizer.ggml.tokens"].contents()), fields
+    return {key: (field.contents(), field.types[0], field.types[-1] if len(field.types) > 1 else None)
+            for key, field in reader.fields.items() if key.startswith("tokenizer.")}
 
 
 def permute_rotary(weight, n_head: int):
-    """A q/k projection's rows from Hugging Face's half-split rotary layout to GGUF's interleaved one.
-
-    >>> import numpy as np
-    >>> permute_rotary(np.arange(8).reshape(8, 1), n_head=2).ravel().tolist()
-    [0, 2, 1, 3, 4, 6, 5, 7]
-    """
+    """A q/k projection's rows from Hugging Face's half-split rotary layout to GGUF's interleaved one (rows 0-7 of two
+    heads become 0, 2, 1, 3, 4, 6, 5, 7): the exact inverse of transformers' GGUF loader (tests/test_export.py)."""
     half = weight.shape[0] // n_head // 2
     return weight.reshape(n_head, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
@@ -109,9 +107,6 @@ def permute_rotary(weight, n_head: int):
 def write_gguf(model, tokenizer, path: str | os.PathLike, gguf_type: str = "q8_0", *, name: str = "model") -> Path:
     """Write ``model`` (merged, un-wrapped, llama) and its tokenizer as one GGUF file of ``gguf_type`` (f16, q8_0).
     As in llama.cpp, norms stay float32, and a matrix whose rows do not fill whole q8_0 blocks is stored f16."""
-    import gguf
-    import numpy as np
-
     config = model.config
     if problem := cpu_writer_problem(config, tokenizer, [gguf_type]):
         raise GrpoKitError(f"GGUF {gguf_type}: {problem}. {GPU_HINT}")
@@ -134,7 +129,7 @@ def write_gguf(model, tokenizer, path: str | os.PathLike, gguf_type: str = "q8_0
     writer.add_vocab_size(config.vocab_size)
     writer.add_file_type(int(gguf.LlamaFileType[f"MOSTLY_{gguf_type.upper()}"]))
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    for key, value, vtype, sub_type in _embedded_tokenizer()[1]:
+    for key, (value, vtype, sub_type) in _embedded_tokenizer().items():
         if key == "tokenizer.chat_template" and getattr(tokenizer, "chat_template", None):
             value = tokenizer.chat_template  # the template the adapter was trained with wins
         writer.add_key_value(key, value, vtype, sub_type=sub_type)
@@ -154,12 +149,10 @@ def write_gguf(model, tokenizer, path: str | os.PathLike, gguf_type: str = "q8_0
             writer.add_tensor(gguf_name, array.astype(np.float16))
         else:
             writer.add_tensor(gguf_name, gguf.quants.quantize(array, qtype), raw_dtype=qtype)
-    try:
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-    finally:
-        writer.close()
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     return Path(path)
 
 
@@ -174,8 +167,6 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     """``{hf name: (gguf name, read)}`` for the embedding, the final norm and the first and last block of a GGUF file;
     ``read()`` dequantizes one tensor into the Hugging Face layout (transformers' own tensor processor undoes llama's
     q/k row order), or returns None when the file lacks it."""
-    import gguf
-    import torch
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     reader = gguf.GGUFReader(str(path))
@@ -205,10 +196,6 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
 
 
 def unsloth_on_gpu() -> bool:
-    import importlib.util
-
-    import torch
-
     return torch.cuda.is_available() and importlib.util.find_spec("unsloth") is not None
 
 
@@ -226,8 +213,6 @@ def gguf_route(base_path: str, tokenizer, gguf_types: Sequence[str]) -> str:
 def base_too_big_for_gpu(base_path: str) -> Path | None:
     """The local folder of the 16-bit base when it is too large to load twice over for the logit check on this GPU
     (weights x 1.2 > free memory; 7-8B on a T4/L4), else None. A Hub id is downloaded (the merge needs it anyway)."""
-    import torch
-
     if not torch.cuda.is_available():
         return None
     folder = local_base(base_path)  # pragma: no cover - UNTESTED ON A GPU from here
@@ -243,8 +228,6 @@ def local_base(base_path: str) -> Path:
     """``base_path`` itself when it is a folder, else its Hub snapshot (config, tokenizer, safetensors only)."""
     if Path(base_path).is_dir():
         return Path(base_path)
-    from huggingface_hub import snapshot_download
-
     return Path(snapshot_download(base_path, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
 
 
@@ -256,10 +239,8 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
     which must be the one the checks compare with. The child's output goes to ``say`` line by line (a conversion
     takes minutes); its last 40 lines go into the error when it fails.
     """
-    import gguf
-
     adapter = scratch / "adapter"
-    adapter.mkdir()
+    adapter.mkdir(parents=True)
     for item in (item for item in adapter_dir.iterdir() if item.is_file()):
         shutil.copy2(item, adapter / item.name)
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
@@ -298,11 +279,8 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
 
 def _child(spec: dict) -> dict:
     """In the child: load the adapter with Unsloth in the GPU's 16-bit dtype (4 bit when asked) and run the savers."""
-    import torch
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
     from unsloth import FastLanguageModel
-
-    from grpo_kit.models import half_dtype_name
 
     model, tokenizer = FastLanguageModel.from_pretrained(model_name=spec["adapter"], load_in_4bit=spec["load_in_4bit"],
                                                          dtype=getattr(torch, half_dtype_name()))

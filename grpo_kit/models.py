@@ -35,25 +35,18 @@ def detect_device() -> DeviceInfo:
     if not torch.cuda.is_available():
         return DeviceInfo("cpu", "cpu", 0.0, False)
     props = torch.cuda.get_device_properties(0)
-    return DeviceInfo("cuda", props.name, props.total_memory / 2**30, gpu_has_bf16(props.major, props.minor))
+    return DeviceInfo("cuda", props.name, props.total_memory / 2**30, gpu_has_bf16())
 
 
-def gpu_has_bf16(major: int | None = None, minor: int = 0) -> bool:
-    """True when the GPU (default: GPU 0; False without one) computes bfloat16 natively: compute capability >= 8.0.
+def gpu_has_bf16() -> bool:
+    """True when GPU 0 computes bfloat16 natively (compute capability >= 8.0); False without a GPU.
 
     Not ``torch.cuda.is_bf16_supported()``: it counts emulation and says True on a T4 (sm75), where bf16 runs slowly
     in software and Unsloth/bitsandbytes kernels expect fp16.
-
-    >>> gpu_has_bf16(7, 5), gpu_has_bf16(8, 0), gpu_has_bf16(9, 0)
-    (False, True, True)
     """
-    if major is None:
-        import torch
+    import torch
 
-        if not torch.cuda.is_available():
-            return False
-        major, minor = torch.cuda.get_device_capability(0)
-    return (major, minor) >= (8, 0)
+    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0)
 
 
 def half_dtype_name() -> str:
@@ -112,21 +105,6 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
-# --------------------------------------------------------------------------------------------- vLLM server mode
-
-
-def check_weight_sync(recipe) -> None:
-    """Refuse server mode with 4-bit weights, before any weights load: after each step TRL sends the server every
-    ``param.data`` (LoRA merged in), for a bitsandbytes 4-bit layer packed bytes without its quantization state, so
-    the server would silently generate from garbage. Colocated vLLM and 16-bit weights both work.
-    """
-    if recipe.vllm_server and recipe.model.load_in_4bit:
-        raise GrpoKitError(f"vllm_mode='server' cannot train 4-bit weights (recipe '{recipe.name}' has load_in_4bit): "
-                           "TRL would send the server packed 4-bit bytes. Use colocated vLLM (--set "
-                           "vllm_mode=colocate) or 16-bit weights (--set load_in_4bit=false, or the a100-40gb "
-                           "recipe: more memory).")
-
-
 # --------------------------------------------------------------------------------------------- the policy
 
 
@@ -138,7 +116,6 @@ def load_model(recipe):
     """
     import torch
 
-    check_weight_sync(recipe)
     backend = prepare_backend(recipe.kit.backend)
     if recipe.grpo.use_vllm:  # after prepare_backend: vLLM imports transformers, which Unsloth patches first
         try:
@@ -221,17 +198,17 @@ def resolve_model_id(model: str) -> str:
     return str(embedded_model_path()) if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME} else model
 
 
-def load_tokenizer(model_id: str, *, trust_remote_code: bool = False):
+def load_tokenizer(model_id: str):
     """The model's tokenizer with a pad token and left padding (as batched generation needs)."""
     from transformers import AutoTokenizer
 
-    tokenizer = _from_pretrained(AutoTokenizer, model_id, trust_remote_code=trust_remote_code)
+    tokenizer = _from_pretrained(AutoTokenizer, model_id)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     tokenizer.padding_side = "left"
     return tokenizer
 
 
-def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *, trust_remote_code: bool = False):
+def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
     """``model`` (id, folder or ``embedded``) in eval mode, with ``adapter`` kept as a PEFT wrapper (not merged, so it
     can be compared with its merged export). Returns ``(model, tokenizer)``.
 
@@ -245,16 +222,13 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
         from grpo_kit.callbacks import check_adapter
 
         adapter = Path(adapter)
-        if not (adapter / "adapter_config.json").is_file():
-            raise GrpoKitError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json). Pass a run's "
-                               "'adapter/' folder or one of its 'checkpoint-N/' folders.")
         check_adapter(adapter, use=f"load the adapter {adapter}")
     model_id = resolve_model_id(model)
-    tokenizer = load_tokenizer(model_id, trust_remote_code=trust_remote_code)
+    tokenizer = load_tokenizer(model_id)
     kwargs = {"dtype": torch.float32}
     if torch.cuda.is_available():
         kwargs = {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
-    base = _from_pretrained(AutoModelForCausalLM, model_id, trust_remote_code=trust_remote_code, **kwargs)
+    base = _from_pretrained(AutoModelForCausalLM, model_id, **kwargs)
     if adapter is not None:
         from peft import PeftModel
 
@@ -263,10 +237,8 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None, *
         except RuntimeError as error:  # "size mismatch for ...": the adapter was trained on another base model
             if "size mismatch" not in str(error):
                 raise
-            try:
-                trained_on = json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"]
-            except (OSError, ValueError, KeyError):
-                trained_on = "(not recorded)"
+            config = json.loads((adapter / "adapter_config.json").read_text())  # PEFT has read it: it parses
+            trained_on = config.get("base_model_name_or_path") or "(not recorded)"
             detail = next(line.strip() for line in str(error).splitlines() if "size mismatch" in line)
             raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: it was trained on "
                                f"{trained_on} (adapter_config.json). Pass that model as --model. ({detail[:200]})"
@@ -361,8 +333,8 @@ def embedded_model_path() -> Path:
 # --------------------------------------------------------------------------------------------- TRL without Triton
 
 
-def ensure_logprob_kernel() -> bool:
-    """Install ``TorchChunkedLogProb`` where TRL's Triton kernel is missing (every CPU build of PyTorch); True if so.
+def ensure_logprob_kernel() -> None:
+    """Install ``TorchChunkedLogProb`` where TRL's Triton kernel is missing (every CPU build of PyTorch).
 
     Without it TRL 1.15's first step fails with ``'NoneType' object has no attribute 'apply'``. TRL 1.16 has its own
     fallback, but Unsloth 2026.10.7 pins TRL 1.15.0.
@@ -371,8 +343,6 @@ def ensure_logprob_kernel() -> bool:
 
     if getattr(utils, "_ChunkedLogProbFunction", object()) is None:
         utils._ChunkedLogProbFunction = TorchChunkedLogProb
-        return True
-    return False
 
 
 class TorchChunkedLogProb:

@@ -20,6 +20,8 @@ import time
 import warnings
 from pathlib import Path
 
+import psutil  # accelerate's dependency
+
 from grpo_kit.errors import GrpoKitError
 
 #: The adapter weights file PEFT writes (checkpoints and the final adapter).
@@ -90,7 +92,7 @@ def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> list[Path]:
     removed = []
     for folder in sorted(Path(out_dir).glob(f".{name}.partial-*")):
         pid = folder.name[len(f".{name}.partial-"):].split("-", 1)[0]
-        if folder.is_dir() and pid.isdigit() and not process_alive(int(pid)):
+        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(folder)
     return removed
@@ -196,17 +198,6 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 _HELD_LOCKS: list[Path] = []
 
 
-def process_alive(pid: int) -> bool:
-    """True when a process ``pid`` exists, whoever owns it."""
-    try:
-        os.kill(pid, 0)  # signal 0: existence check only
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        pass
-    return True
-
-
 def _lock_holder(lock: Path) -> int | None:
     with contextlib.suppress(OSError):
         text = lock.read_text(encoding="utf-8").strip()
@@ -232,7 +223,7 @@ def acquire_run_lock(run_dir: Path) -> None:
             holder = _lock_holder(lock)
             if holder == os.getpid():
                 return
-            if holder is not None and process_alive(holder):
+            if holder is not None and psutil.pid_exists(holder):
                 raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait "
                                    f"for it to end, stop it (kill {holder}), or choose another --output.")
             lock.unlink(missing_ok=True)  # stale: its process is gone
@@ -323,12 +314,6 @@ def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
             tokenizer.save_pretrained(str(staging))
     trainer.accelerator.wait_for_everyone()
     return run_dir / "adapter"
-
-
-def wait_for_everyone(config) -> None:
-    """A barrier across the processes of ``accelerate launch``/``torchrun``; nothing in a single process."""
-    if getattr(config, "distributed_state", None) is not None:
-        config.distributed_state.wait_for_everyone()
 
 
 # --------------------------------------------------------------------------------------------- run.json

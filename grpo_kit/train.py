@@ -58,6 +58,8 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     completions with their rewards every N steps. Under ``accelerate launch`` every process runs this; only the main
     one writes run files.
     """
+    from accelerate import PartialState
+
     from grpo_kit import models
     from grpo_kit.callbacks import (
         CompletionSamples,
@@ -78,7 +80,6 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if curriculum is not None:
         recipe = recipe.replace(**{k: v for k, v in curriculum.grpo_changes.items() if k not in recipe.values})
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
-    models.check_weight_sync(recipe)  # server mode + 4-bit weights cannot work: refused before anything loads
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
     models.set_torch_threads()
@@ -94,7 +95,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
-    runs.wait_for_everyone(config)  # every process has checked the run folder before any process writes in it
+    PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
     if checkpoint is not None and runs.checkpoint_step(checkpoint) >= config.max_steps:
         adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
         return _result(run_dir, adapter, runs.checkpoint_step(checkpoint), 0.0, already_finished=True)
@@ -180,28 +181,24 @@ def cli_train(args) -> int:
         # may have moved since (Drive), so its recorded output_dir is not kept
         recipe = build_recipe({**{k: v for k, v in recorded.items() if k != "output_dir"}, **changes})
         print(f"recipe: {recipe.name}, as recorded in {Path(args.output) / 'run.json'}")
-    elif args.recipe:
-        recipe = load_recipe(args.recipe, **changes)
     elif args.preset == "auto":
         from grpo_kit.planner import auto_recipe
 
         name, reason = auto_recipe()
         recipe = load_recipe(name, **changes)
         print(f"recipe: {name} ({reason})")
-    else:
+    else:  # --preset NAME or --recipe PATH: one option, load_recipe takes either
         recipe = load_recipe(args.preset, **changes)
     result = train(recipe, data=args.data, output_dir=args.output, resume=args.resume,
                    curriculum=_curriculum_from_args(args), lenient=args.lenient,
                    show_completions=args.show_completions or 0)
     from accelerate import PartialState
 
-    if not PartialState().is_main_process:  # under accelerate launch: one summary and one plot
-        return 0
-    if result.already_finished:  # nothing changed, not even the plot
-        print(result.summary())
-        return 0
-    plot = plot_metrics(result.metrics_path, result.run_dir / "plots" / "rewards.png")
-    print("\n" + result.summary() + f"\nplot: {plot}")
+    if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
+        # a finished run that only resumed changed nothing, not even the plot
+        plot = None if result.already_finished else plot_metrics(result.metrics_path,
+                                                                 result.run_dir / "plots" / "rewards.png")
+        print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
     return 0
 
 

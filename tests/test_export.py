@@ -92,12 +92,14 @@ def test_unsupported_models_and_types_are_refused_with_a_way_out(tmp_path, tiny_
 def test_read_evals_accepts_results_dicts_and_files(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
     path = result.save(tmp_path / "eval_after.json")
-    evals = read_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path})
+    evals = read_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path}, tmp_path / "adapter")
     assert evals["after"]["accuracy_lenient"] == 0.5 and evals["before"]["n"] == 4
-    assert read_evals(result) == {"eval": result.to_dict()}
-    assert read_evals(path) == {"eval_after": result.to_dict()}
     with pytest.raises(GrpoKitError, match="not found"):
-        read_evals(tmp_path / "missing.json")
+        read_evals({"after": tmp_path / "missing.json"}, tmp_path / "adapter")
+    run = tmp_path / "run"  # by default: what the run saved in eval/ (demo, notebooks 00 and 04)
+    result.save(run / "eval" / "after.json")
+    assert read_evals(None, run / "adapter") == {"after": result.to_dict()}
+    assert read_evals(None, tmp_path / "elsewhere" / "adapter") is None
 
 
 def test_check_logits_rules(tmp_path):

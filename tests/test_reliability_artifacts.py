@@ -135,7 +135,7 @@ def test_weights_are_safetensors_only(shared):
     assert "model.safetensors" in merged and not merged & {"pytorch_model.bin", "adapter_model.bin"}
 
 
-def test_trust_remote_code_is_off_unless_asked(monkeypatch):
+def test_trust_remote_code_is_never_on(monkeypatch):
     """Every loader leaves a model's own Python code unrun: no trust_remote_code=True reaches from_pretrained."""
     import grpo_kit.models as models
     from grpo_kit.config import load_recipe
