@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from grpo_kit import __version__
@@ -128,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module, function = args.handler
         result = getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
+        sys.stdout.flush()  # a reader that left (`grpo-kit presets | head -3`) shows up here at the latest
+    except BrokenPipeError:  # the reader left: Python's documented recipe, stdout to devnull so the exit flush is quiet
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except GrpoKitError as error:
         print(f"grpo-kit: error: {error}", file=sys.stderr)
         return 2

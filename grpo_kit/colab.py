@@ -47,27 +47,17 @@ def mount_drive() -> Path | None:
     return folder
 
 
-def project_root(start: str | os.PathLike | None = None) -> Path | None:
-    """The nearest folder at or above ``start`` (default: the working directory) holding a grpo-kit checkout.
-
-    A notebook runs with ``notebooks/`` as its working directory; its runs belong in the checkout's ``runs/``
-    (ignored by git), beside those of ``grpo-kit train``.
-    """
-    here = Path(start or Path.cwd()).resolve()
-    for folder in (here, *here.parents):
-        if (folder / "pyproject.toml").is_file() and (folder / "grpo_kit").is_dir():
-            return folder
-    return None
-
-
 def workspace(*, drive: bool = True) -> Path:
     """The folder that holds ``runs/`` and ``exports/``: ``$GRPO_KIT_WORKSPACE`` when set; on Colab (and ``drive``)
     ``MyDrive/grpo-kit``, mounting Drive first; else the grpo-kit checkout around the working directory, else the
     working directory itself (on Colab: ``/content``, the runtime's own disk)."""
     if os.environ.get(WORKSPACE_ENV):
         return Path(os.environ[WORKSPACE_ENV]).expanduser().resolve()
-    on_drive = mount_drive() if drive else None
-    return on_drive or project_root() or Path.cwd().resolve()
+    if drive and (on_drive := mount_drive()):
+        return on_drive
+    here = Path.cwd().resolve()  # a notebook runs in notebooks/: its runs go to the checkout's runs/, as the CLI's do
+    return next((f for f in (here, *here.parents) if (f / "pyproject.toml").is_file() and (f / "grpo_kit").is_dir()),
+                here)
 
 
 def size_bytes(path: str | os.PathLike) -> int:
@@ -78,18 +68,13 @@ def size_bytes(path: str | os.PathLike) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def free_bytes(path: str | os.PathLike) -> int:
-    """Free bytes where ``path`` is (or would be created): its nearest existing folder's file system."""
-    path = Path(path).resolve()
-    while not path.exists():
-        path = path.parent
-    return shutil.disk_usage(path).free
-
-
 def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str) -> None:
     """Refuse, in one line naming a smaller choice that fits, when ``sizes`` (name -> bytes) need more than the free
     space at ``dest`` minus ``SPACE_MARGIN``."""
-    free = free_bytes(dest) - SPACE_MARGIN
+    existing = Path(dest).resolve()
+    while not existing.exists():  # the folder may not exist yet: ask its nearest existing parent's file system
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free - SPACE_MARGIN
     needed = sum(sizes.values())
     if needed <= free:
         return

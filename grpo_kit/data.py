@@ -155,9 +155,6 @@ def _to_dataset(rows: list[dict], label: str):
 def extract_gsm8k_answer(text: str) -> str:
     """Canonical gold number from a GSM8K answer text (after the last ``####``); ``ValueError`` when there is no
     ``####`` or what follows is not one plain number (commas, a leading ``$``, ``3/4`` are fine; ``72 clips`` is not).
-
-    >>> [extract_gsm8k_answer(t) for t in ["... #### 1,080", "#### -5", "x\\n#### 0.5", "#### $18.00"]]
-    ['1080', '-5', '0.5', '18']
     """
     if not isinstance(text, str):
         raise ValueError(f"expected the answer as text, got {type(text).__name__}")
@@ -388,10 +385,6 @@ def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, steps: int | None = N
     ``steps``: ``None`` mixes one- and two-step problems, ``1`` or ``2`` keeps one kind (measured on the embedded
     SmolLM2-135M, greedy: about a third of one-step problems right, two-step ones almost never). ``exclude``:
     solutions whose calculations must not come back, so a held-out split never repeats a training calculation.
-
-    >>> ds = make_arithmetic_dataset(3, seed=0)
-    >>> len(ds), ds[0]["solution"].endswith("#### " + ds[0]["answer"])
-    (3, True)
     """
     if n < 1:
         raise GrpoKitError(f"make_arithmetic_dataset needs n >= 1, got {n}.")
@@ -442,9 +435,6 @@ def _arithmetic_records(split: str, steps: int | None):
 
 def build_messages(question: str, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0) -> list[dict]:
     """Chat messages: system (None: ``SYSTEM_PROMPT``, "": none), ``few_shot`` worked examples, then the question.
-
-    >>> [m["role"] for m in build_messages("What is 6 * 7?", few_shot=1)]
-    ['system', 'user', 'assistant', 'user']
     """
     if not 0 <= few_shot <= len(FEW_SHOT_EXAMPLES):
         raise GrpoKitError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {few_shot}.")
@@ -465,18 +455,9 @@ def render_prompt(messages: list[dict], tokenizer, prefill: str = "") -> str:
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)
-    if bos and text.startswith(bos) and tokenizer.bos_token_id in _auto_prefix_ids(tokenizer):
+    if bos and text.startswith(bos) and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]:  # adds its own
         text = text[len(bos) :]
     return text + prefill
-
-
-def _auto_prefix_ids(tokenizer) -> list[int]:
-    """Token ids the tokenizer adds in front of plain text on its own (``[bos]`` for Llama 3, ``[]`` for SmolLM2)."""
-    with_special = tokenizer("a")["input_ids"]
-    without = tokenizer("a", add_special_tokens=False)["input_ids"]
-    if without and with_special[len(with_special) - len(without) :] == without:
-        return list(with_special[: len(with_special) - len(without)])
-    return []
 
 
 def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0,
@@ -487,10 +468,6 @@ def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYST
     (TRL applies the chat template). With ``prefill`` (e.g. ``"<think>\\n"``) it is a plain string from
     ``render_prompt``, since TRL 1.15 cannot continue an assistant turn. Prompts longer than ``max_prompt_tokens``
     tokens, counted as TRL tokenizes them, are dropped and counted (TRL 1.x has no ``max_prompt_length``).
-
-    >>> ds, dropped = format_for_grpo(load_gsm8k("sample", "test", limit=2))
-    >>> ds.column_names, ds[0]["prompt"][0]["role"], ds[0]["prefill"], dropped
-    (['prompt', 'answer', 'question', 'prefill'], 'system', '', 0)
     """
     from datasets import Dataset
 
@@ -502,20 +479,17 @@ def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYST
     if tokenizer is None and (prefill or max_prompt_tokens is not None):
         raise GrpoKitError(f"{f'prefill={prefill!r}' if prefill else 'max_prompt_tokens'} needs the tokenizer (to render "
                            "the chat template and count tokens); pass tokenizer=...")
-    columns: dict[str, list] = {"prompt": [], "answer": [], "question": [], "prefill": []}
-    lengths = []
+    rows, lengths = [], []
     for question, answer in zip(dataset["question"], dataset["answer"], strict=True):
         messages = build_messages(question, system_prompt=system_prompt, few_shot=few_shot)
-        prompt = render_prompt(messages, tokenizer, prefill) if prefill else messages
-        if max_prompt_tokens is not None:  # as TRL's GRPOTrainer tokenizes a string / a conversation
-            lengths.append(len(tokenizer(prompt)["input_ids"]) if prefill else len(tokenizer.apply_chat_template(
-                prompt, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"]))
+        if max_prompt_tokens is not None:  # render_prompt's text tokenizes to exactly the ids TRL will see
+            lengths.append(len(tokenizer(render_prompt(messages, tokenizer, prefill))["input_ids"]))
             if lengths[-1] > max_prompt_tokens:
                 continue
-        for key, value in (("prompt", prompt), ("answer", answer), ("question", question), ("prefill", prefill)):
-            columns[key].append(value)
-    if not columns["prompt"]:
+        prompt = render_prompt(messages, tokenizer, prefill) if prefill else messages
+        rows.append({"prompt": prompt, "answer": answer, "question": question, "prefill": prefill})
+    if not rows:
         raise GrpoKitError(f"All {len(lengths)} prompts are longer than the prompt budget of {max_prompt_tokens} tokens "
                            f"(the longest has {max(lengths)}). Raise it (--set max_prompt_length={max(lengths)}), or use "
                            "fewer few-shot examples (--set few_shot=0).")
-    return Dataset.from_dict(columns), len(dataset) - len(columns["prompt"])
+    return Dataset.from_list(rows), len(dataset) - len(rows)

@@ -99,9 +99,6 @@ def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
 
 def majority_vote(answers: Sequence[str | None]) -> str | None:
     """Most common normalized number (None and unreadable answers ignored; ties: first seen).
-
-    >>> majority_vote(["$1,000", "7", "1000.0", None])
-    '1000'
     """
     numbers = [n for n in (normalize_number(a) for a in answers if a is not None) if n is not None]
     counts = Counter(numbers)
@@ -111,10 +108,10 @@ def majority_vote(answers: Sequence[str | None]) -> str | None:
 def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "",
                   system_prompt: str | None = None) -> list[str]:
     """Prompt strings as training renders them (``system_prompt`` None = the kit's ``data.SYSTEM_PROMPT``)."""
-    from grpo_kit.data import SYSTEM_PROMPT, build_messages, render_prompt
+    from grpo_kit.data import build_messages, render_prompt
 
-    system = SYSTEM_PROMPT if system_prompt is None else system_prompt
-    return [render_prompt(build_messages(q, system_prompt=system, few_shot=few_shot), tokenizer, prefill) for q in questions]
+    return [render_prompt(build_messages(q, system_prompt=system_prompt, few_shot=few_shot), tokenizer, prefill)
+            for q in questions]
 
 
 # ------------------------------------------------------------------------------------------------ generation
@@ -147,12 +144,12 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int
                               max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
                               pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
     results: list[list[tuple[str, int]]] = []
-    was_training, old_side = getattr(model, "training", False), tokenizer.padding_side
+    was_training = getattr(model, "training", False)
     model.eval()
-    tokenizer.padding_side = "left"
     try:
         for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
-            inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True)
+            inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
+                               padding_side="left")
             inputs = inputs.to(next(model.parameters()).device)
             with torch.no_grad():
                 new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
@@ -160,7 +157,6 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int
             pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
             results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]
     finally:
-        tokenizer.padding_side = old_side
         if was_training:
             model.train()
     return results
@@ -280,9 +276,6 @@ def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset
 
 def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """95 % Wilson score interval (right at small n and near 0 or 1, where p ± z·se fails).
-
-    >>> tuple(round(x, 4) for x in wilson(20, 100))
-    (0.1334, 0.2888)
     """
     if n < 1 or not 0 <= successes <= n:
         raise GrpoKitError(f"wilson needs 0 <= successes <= n and n >= 1, got {successes} of {n}.")
@@ -324,10 +317,6 @@ class PairedDifference:
 
 def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDifference:
     """Change in accuracy between two scorings of the same questions (``before[i]`` and ``after[i]`` pair up).
-
-    >>> d = paired_difference([True, False, False, True], [True, True, False, True])
-    >>> d.gained, d.lost, d.difference
-    (1, 0, 0.25)
     """
     if len(before) != len(after) or not before:
         raise GrpoKitError(f"paired_difference needs the same questions scored twice: got {len(before)} and "
@@ -350,10 +339,6 @@ def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDi
 def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
     """Side-by-side table of two results, the paired strict-accuracy statistics when both hold rows for the same
     questions, and the protocol.
-
-    >>> a = EvalResult(0.0, 0.1, 0.0, 50.0, n=10, seed=0, protocol="p")
-    >>> print(compare(a, EvalResult(0.2, 0.3, 0.9, 40.0, n=10, seed=0, protocol="p")).splitlines()[1])
-    accuracy (strict)          0.0 %      20.0 %    +20.0
     """
     rows = [("accuracy (strict)", "accuracy_strict"), ("accuracy (lenient)", "accuracy_lenient"),
             ("format rate", "format_rate"), ("mean length (tokens)", "mean_completion_tokens")]

@@ -9,8 +9,6 @@ Unsloth chunks the logits and offloads checkpoints, so real peaks should come ou
 from __future__ import annotations
 
 import json
-import os
-import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -313,9 +311,5 @@ def cli_presets(args) -> int:
         text = presets_table(map(load_recipe, recipe_names())) + (
             "\n\nG: completions per question; q/step: questions per optimizer step; plan: the VRAM planner's GiB (cpu: "
             "RAM), broken down by --plan NAME.\nEach preset is recipes/NAME.yaml; one run's change: --set key=value.")
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:  # `grpo-kit presets | head`: the reader left. Python's documented recipe: point stdout
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # at devnull so the exit flush stays quiet
+    print(text)
     return 0

@@ -1,4 +1,4 @@
-"""Every chart the kit draws: training curves, before/after accuracy, VRAM plans, notebook 02's pictures."""
+"""Every chart the kit draws: training curves, before/after accuracy, VRAM plans (notebook 02 draws its own toys)."""
 
 import os
 from pathlib import Path
@@ -99,33 +99,3 @@ def plot_vram_plans(estimates, *, highlight: str | None = None, out=None, show: 
     ax.set(title="VRAM plan per recipe (GiB; * = chosen)", xlabel="GiB")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return _finish(ax.figure, out, show)
-
-
-def plot_advantages(rewards, advantages, num_generations: int, *, out=None, show: bool = True):
-    """Notebook 02: each completion's reward and advantage side by side, labelled p<prompt>g<completion>."""
-    ax = _figure(show, (9, 3)).subplots()
-    xs = list(range(len(rewards)))
-    ax.bar([x - 0.2 for x in xs], list(map(float, rewards)), width=0.4, label="reward")
-    ax.bar([x + 0.2 for x in xs], list(map(float, advantages)), width=0.4, label="advantage")
-    ax.axhline(0, color="black", linewidth=0.8)
-    ax.set_xticks(xs, [f"p{x // num_generations}g{x % num_generations}" for x in xs], fontsize=8)
-    ax.set(title=f"Rewards and group-relative advantages (G={num_generations})", xlabel="prompt p, completion g")
-    ax.legend(fontsize=8)
-    return _finish(ax.figure, out, show)
-
-
-def plot_token_weights(weights, mask, *, out=None, show: bool = True):
-    """Notebook 02: one heat map per loss type of ``{loss_type: (B, T) gradient weight per token}``; padding marked."""
-    import numpy as np
-
-    fig = _figure(show, (3.0 * len(weights), 0.5 * len(mask) + 1.8))
-    top = max(float(w.max()) for w in weights.values())
-    axes = fig.subplots(1, len(weights), squeeze=False)[0]
-    for ax, (name, grid) in zip(axes, weights.items(), strict=True):
-        ax.imshow(grid.tolist(), vmin=0, vmax=top, cmap="Blues", aspect="auto")
-        for (row, col), value in np.ndenumerate(np.asarray(grid.tolist())):
-            ax.text(col, row, f"{value:.3g}" if mask[row][col] else "pad", ha="center", va="center", fontsize=8,
-                    color="black" if value < top / 2 else "white")
-        ax.set(title=name, xlabel="token", xticks=range(len(mask[0])), yticks=range(len(mask)))
-    axes[0].set_ylabel("completion")
-    return _finish(fig, out, show)

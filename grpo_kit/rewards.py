@@ -48,9 +48,6 @@ _INTEGER = re.compile(
 
 def completion_text(completion: Any) -> str:
     """The text of one completion: a string as is, a message list's last ``content``, anything else ``""``.
-
-    >>> completion_text([{"role": "assistant", "content": "<answer>7</answer>"}])
-    '<answer>7</answer>'
     """
     if isinstance(completion, str):
         return completion
@@ -210,9 +207,6 @@ def reward_functions(names: Sequence[str]) -> list[Callable[..., list[float]]]:
 
     A recipe runs the code it names, like a script: run recipes you trust. Builtins and C functions (``os:system``)
     are refused: a reward is a Python function that takes the completions and returns one score each.
-
-    >>> [fn.__name__ for fn in reward_functions(["correctness", "tag_progress"])]
-    ['correctness', 'tag_progress']
     """
     if isinstance(names, str) or not names:
         raise GrpoKitError(f"Rewards are a list of names, e.g. [correctness, format]; got {names!r}.")
@@ -248,9 +242,6 @@ def score_completions(completions: Sequence[Any], answers: Sequence[str] | str |
                       names: Sequence[str] | str | None = None, prefill: Sequence[str] | str = "") -> list[dict[str, float]]:
     """Per-completion scores under each reward in ``names`` (default: every built-in), plus their unweighted ``total``;
     ``answers`` is one gold answer per completion or one for all, ``prefill`` likewise.
-
-    >>> score_completions(["<think>a</think><answer>7</answer>"], "7", names=["correctness", "format"])
-    [{'correctness': 2.0, 'format': 0.5, 'total': 2.5}]
     """
     chosen = list(RANGES) if names is None else list(names)
     funcs = reward_functions(chosen)
@@ -264,9 +255,6 @@ def score_completions(completions: Sequence[Any], answers: Sequence[str] | str |
 
 def reward_table_markdown() -> str:
     """The markdown table of the built-in rewards (name | range | what it scores) that ``grpo-kit rewards`` prints.
-
-    >>> reward_table_markdown().splitlines()[2]
-    '| `correctness` | 0 to 2 | the last `<answer>` block reads as the gold number (`$1,000` = `1000`) |'
     """
     lines = ["| name | range | what it scores |", "|---|---|---|"]
     for name, (low, high) in RANGES.items():
@@ -277,11 +265,7 @@ def reward_table_markdown() -> str:
 
 def cli_rewards(args: Any = None) -> int:
     """``grpo-kit rewards``: print the reward table and how a recipe names its rewards."""
-    try:
-        print(reward_table_markdown())
-        print("\nIn a recipe: reward_funcs: [correctness, format] and reward_weights: [2.0, 1.0]; on the command line: "
-              "--set reward_funcs=correctness,my_rewards:brevity --set reward_weights=2,0.5")
-        sys.stdout.flush()
-    except BrokenPipeError:  # `grpo-kit rewards | head`: the reader left. Python's documented recipe: point stdout
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # at devnull so the exit flush stays quiet
+    print(reward_table_markdown())
+    print("\nIn a recipe: reward_funcs: [correctness, format] and reward_weights: [2.0, 1.0]; on the command line: "
+          "--set reward_funcs=correctness,my_rewards:brevity --set reward_weights=2,0.5")
     return 0

@@ -453,8 +453,7 @@ def test_cli_rewards_into_a_closed_pipe_has_no_traceback():
     """`grpo-kit rewards | head -1`: the reader is gone before the table is written."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write now fails with EPIPE (Python ignores SIGPIPE, so BrokenPipeError)
-    code = "import sys; from grpo_kit.rewards import cli_rewards; sys.exit(cli_rewards())"
-    proc = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "grpo_kit", "rewards"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
     os.close(write_end)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 

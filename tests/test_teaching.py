@@ -187,12 +187,10 @@ def test_grpo_loss_with_a_kl_needs_the_reference(nb):
 
 
 def test_pictures_are_saved(nb, tmp_path):
-    from grpo_kit.plots import plot_advantages, plot_token_weights
-
     rewards = torch.tensor([1.0, 0.0, 0.5, 0.5])
-    advantages = plot_advantages(rewards, nb.group_advantages(rewards, 2), 2, out=tmp_path / "adv.png", show=False)
+    nb.plot_advantages(rewards, nb.group_advantages(rewards, 2), 2).savefig(tmp_path / "adv.png")
     mask = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
     weights = {name: nb.token_weights(mask, name, max_completion_length=2) for name in nb.LOSS_TYPES}
-    heat_maps = plot_token_weights(weights, mask, out=tmp_path / "weights.png", show=False)
-    for png in (advantages, heat_maps):
+    nb.plot_token_weights(weights, mask).savefig(tmp_path / "weights.png")
+    for png in (tmp_path / "adv.png", tmp_path / "weights.png"):
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000
