@@ -123,9 +123,10 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
         effect = max(effect, float(change.max()))
         to_tuned.append(float(diff.mean()))
         to_base.append(float((got - base).abs().mean()))
-        # Closer to tuned than to base only where the adapter's effect exceeds the storage noise (the smaller distance):
-        # below it, rounding (q8_0 of a 2-step adapter) can erase the effect for real: a note, not a broken export.
-        if float(change.mean()) < min(to_tuned[-1], to_base[-1]):
+        # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
+        # (the smaller distance): below that, rounding can erase the effect for real (q8_0 of a 2-step adapter moves
+        # logits by 0.14 on average, q8_0 itself by 0.13; measured), which is a note, not a broken export.
+        if float(change.mean()) < 2 * min(to_tuned[-1], to_base[-1]):
             lost += 1
         elif not to_tuned[-1] < to_base[-1]:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
