@@ -69,7 +69,8 @@ def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
         return ""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        return f" No complete checkpoint was written in {run_dir} yet, so the run has to start again."
+        return (f" No complete checkpoint was written in {run_dir} yet: after the fix, the same command with --resume "
+                "starts again from step 0 in that folder (what this attempt left is set aside, not deleted).")
     resume = f"`grpo-kit train ... --output {run_dir} --resume` (or train(..., resume=True))"
     if checkpoint_is_clean:
         return f" The last complete checkpoint, {checkpoint}, was written before the problem: after the fix, continue with {resume}."
@@ -102,18 +103,23 @@ class GuardedReward:
     the reward, the step and the completion (``None`` passes: TRL's "not applicable"); the scores go to ``samples``.
     Same name as ``fn`` for TRL's logs (``rewards/<name>/mean``); picklable when ``fn`` is."""
 
-    def __init__(self, fn, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None):
+    def __init__(self, fn, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None,
+                 when: str | None = None):
         from trl.trainer.utils import get_callable_name
 
         self.fn, self.run_dir, self.samples, self.__name__ = fn, run_dir, samples, get_callable_name(fn)
+        self.when = when  # where a failure happened, for a call outside training ("on a test call ...")
 
     def __call__(self, *args, **kwargs):
         state, completions = kwargs.get("trainer_state"), kwargs.get("completions", args[0] if args else None) or []
         step = state.global_step + 1 if state else None
+        where = self.when or f"at step {step or '?'}"
         try:
             scores = self.fn(*args, **kwargs)
+            if len(scores) != len(completions):
+                raise ValueError(f"it returned {len(scores)} scores for {len(completions)} completions")
         except Exception as error:  # user code: one clear message, the traceback kept in the run folder
-            raise self._raised(error, step, completions) from error
+            raise self._raised(error, where, completions) from error
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
                 text = _excerpt(completion_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
@@ -123,19 +129,37 @@ class GuardedReward:
             self.samples.record(self.__name__, scores, completions, kwargs)
         return scores
 
-    def _raised(self, error: Exception, step: int | None, completions) -> GrpoKitError:
+    def _raised(self, error: Exception, where: str, completions) -> GrpoKitError:
         import traceback
 
-        saved = ""
-        if self.run_dir is not None:
+        frame = traceback.extract_tb(error.__traceback__)[-1]  # the line of the user's code that raised
+        saved = f" ({Path(frame.filename).name}, line {frame.lineno})"
+        if self.run_dir is not None and Path(self.run_dir).is_dir():
             path = Path(self.run_dir) / "reward-error.txt"
             path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
-            saved = f" Full traceback: {path}."
+            saved += f". Full traceback: {path}"
         first = _excerpt(completion_text(completions[0]), head=80, tail=0) if completions else "n/a"
         return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
-                            f"{str(error)[:200]} at step {step or '?'} (first completion of the batch: {first!r})."
-                            f"{saved} Fix the function (it must return one float or None per completion, for any "
-                            f"text) or leave it out of reward_funcs.{_resume_hint(self.run_dir)}")
+                            f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
+                            "function (it must return one float or None per completion, for any text) or leave it out "
+                            f"of reward_funcs.{_resume_hint(self.run_dir) if self.when is None else ''}")
+
+
+def check_rewards(funcs, row: dict, tokenizer) -> None:
+    """Call each plain reward function once, as TRL will, on made-up completions of one training prompt (a right
+    answer, no tags, an empty text): a reward that raises or returns NaN fails now, before any weights load, not
+    after an 8B model has loaded and generated for minutes."""
+    from transformers import TrainerState
+
+    texts = ["<think>\n2 + 2 = 4\n</think>\n<answer>4</answer>", "I do not know.", ""]
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(row["prompt"], list) else texts
+    columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    for fn in guard_rewards(funcs):
+        if isinstance(fn, GuardedReward):  # reward models and async functions are left to TRL
+            GuardedReward(fn.fn, when="on a test call before any weights loaded")(
+                prompts=[row["prompt"]] * len(texts), completions=completions, trainer_state=TrainerState(),
+                completion_ids=[tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
+                log_extra=lambda *args, **kwargs: None, log_metric=lambda *args, **kwargs: None, **columns)
 
 
 def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None) -> list:
@@ -190,6 +214,25 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
             raise
         raise numerics_error(trainer.state.global_step + 1, "the model's output (sampling probabilities)", "NaN/inf",
                              run_dir, checkpoint_is_clean=False) from error
+
+
+class ScheduleToMaxSteps(TrainerCallback):
+    """On resume, the learning rate of the next step comes from the schedule for *this* run's ``max_steps``.
+
+    The Trainer restores the optimizer with the learning rate it had when the checkpoint was written. For a run killed
+    midway that is right; for a finished run extended with ``--set max_steps=M`` it is the end of the old schedule (0
+    for a linear decay), so the first added steps would not train. Here the rate is recomputed from the schedule the
+    Trainer built for M steps, at the resumed step: an extended run continues as if it had been planned for M steps.
+    """
+
+    def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        if not state.global_step or not hasattr(lr_scheduler, "lr_lambdas"):  # a fresh run; not a LambdaLR schedule
+            return
+        rates = [base * rate(lr_scheduler.last_epoch) for base, rate in zip(lr_scheduler.base_lrs,
+                                                                            lr_scheduler.lr_lambdas, strict=True)]
+        for group, rate in zip(optimizer.param_groups, rates, strict=True):
+            group["lr"] = rate
+        lr_scheduler._last_lr = rates  # what the Trainer logs as learning_rate
 
 
 class MetricsLogger(TrainerCallback):
@@ -331,12 +374,19 @@ def dumps_finite(value: Any, **kwargs) -> str:
     return json.dumps(finite(value), allow_nan=False, **kwargs)
 
 
-def _non_finite_tensors(adapter_dir: str | os.PathLike) -> list[str]:
+#: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
+#: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
+MAX_ADAPTER_WEIGHT = 1e3
+
+
+def _broken_tensors(adapter_dir: str | os.PathLike) -> list[str]:
+    """Names of the adapter's tensors holding NaN/inf or a weight beyond ``MAX_ADAPTER_WEIGHT``."""
     import torch
     from safetensors.torch import load_file
 
     tensors = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
-    return sorted(name for name, tensor in tensors.items() if not bool(torch.isfinite(tensor.float()).all()))
+    return sorted(name for name, tensor in tensors.items()
+                  if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()))
 
 
 def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
@@ -348,23 +398,25 @@ def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     if problem := adapter_weights_problem(adapter_dir):
         raise GrpoKitError(f"Cannot {use}: {problem}. Use another checkpoint-N folder of the run, or train again.")
-    if bad := _non_finite_tensors(adapter_dir):
-        raise GrpoKitError(f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights ({len(bad)} tensor(s), e.g. "
-                           f"{bad[0]}); training diverged. Use an earlier checkpoint-N folder of the run, or train again "
-                           "with a lower --set learning_rate=...")
+    if bad := _broken_tensors(adapter_dir):
+        raise GrpoKitError(f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights or weights beyond "
+                           f"{MAX_ADAPTER_WEIGHT:g} ({len(bad)} tensor(s), e.g. {bad[0]}); training diverged. Use an "
+                           "earlier checkpoint-N folder of the run, or train again with a lower --set learning_rate=...")
 
 
 def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is finite: NaN/inf weights are moved to ``adapter.nonfinite`` and reported.
+    """A run is done only when its adapter is sound: NaN/inf or exploded weights (``MAX_ADAPTER_WEIGHT``) are moved to
+    ``adapter.nonfinite`` and reported.
 
     The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
     broke the weights (an inf learning rate does exactly that).
     """
-    if bad := _non_finite_tensors(adapter_dir):
+    if bad := _broken_tensors(adapter_dir):
         aside = run_dir / "adapter.nonfinite"
         shutil.rmtree(aside, ignore_errors=True)
         os.rename(adapter_dir, aside)
-        error = numerics_error(step, "the final adapter", f"NaN/inf in {len(bad)} tensor(s)", run_dir,
+        error = numerics_error(step, "the final adapter", f"NaN/inf or beyond {MAX_ADAPTER_WEIGHT:g} in {len(bad)} "
+                               "tensor(s)", run_dir,
                                checkpoint_is_clean=False, detail=f" The broken adapter was moved to {aside}.")
         error.metric, error.value = "adapter", bad[0]
         raise error

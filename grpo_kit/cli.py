@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from grpo_kit import __version__
@@ -126,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
+    # SIGTERM (what Colab and schedulers send) stops a run as Ctrl-C does: one line, the run folder's lock released
+    previous = signal.signal(signal.SIGTERM, _terminated)
     try:
         module, function = args.handler
         result = getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
@@ -136,10 +139,16 @@ def main(argv: list[str] | None = None) -> int:
     except GrpoKitError as error:
         print(f"grpo-kit: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("grpo-kit: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(f"grpo-kit: {stop.args[0] if stop.args else 'interrupted'}", file=sys.stderr)
+        return 143 if stop.args else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     return int(result or 0)
+
+
+def _terminated(signum, frame) -> None:
+    raise KeyboardInterrupt("stopped by SIGTERM; the run folder keeps its complete checkpoints: --resume continues")
 
 
 def set_hint(extra: list[str]) -> str:

@@ -99,7 +99,10 @@ def _read_yaml(path: Path) -> dict:
     except OSError as error:
         raise GrpoKitError(f"Cannot read recipe file {path}: {error.strerror or error}. Check the path.") from error
     except (yaml.YAMLError, UnicodeDecodeError) as error:
-        raise GrpoKitError(f"Recipe file {path} is not valid YAML ({error}). Compare it with recipes/cpu.yaml.") from error
+        mark = getattr(error, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        why = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise GrpoKitError(f"Recipe file {path}{where}: not valid YAML ({why}). Compare it with recipes/cpu.yaml.") from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
     return data
@@ -241,6 +244,7 @@ SANE = {
     "beta": (lambda v: v >= 0, "0 (no KL penalty, TRL's default) or a small positive number such as 0.04"),
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a share of the GPU above 0 and at most 1"),
     "save_steps": (lambda v: v > 0, "a positive number of steps"),
+    "max_steps": (lambda v: v <= 10_000_000, "at most 10,000,000 (250 steps is a long Colab run): a typo?"),
 }
 
 

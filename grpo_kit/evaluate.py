@@ -496,6 +496,9 @@ def cli_chat(args) -> int:
     """``grpo-kit chat``: answer the question given as arguments, else one question per line of stdin until EOF."""
     from grpo_kit.models import load_inference_model, set_torch_threads
 
+    if args.question and not " ".join(args.question).strip():
+        raise GrpoKitError('The question is empty. Ask one (grpo-kit chat "What is 17 + 25?"), or give none to read '
+                           "questions from stdin.")
     set_torch_threads()
     base, settings = run_settings(args.model, args.adapter)
     model, tokenizer = load_inference_model(base, args.adapter)
@@ -524,6 +527,9 @@ def cli_eval(args) -> int:
     from grpo_kit.data import load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
+    if min(args.batch_size, args.max_new_tokens) < 1 or args.maj < 0:
+        raise GrpoKitError(f"--batch-size and --max-new-tokens must be at least 1 and --maj at least 0 (got "
+                           f"{args.batch_size}, {args.max_new_tokens}, {args.maj}).")
     set_torch_threads()
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")

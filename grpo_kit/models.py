@@ -240,9 +240,10 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
             config = json.loads((adapter / "adapter_config.json").read_text())  # PEFT has read it: it parses
             trained_on = config.get("base_model_name_or_path") or "(not recorded)"
             detail = next(line.strip() for line in str(error).splitlines() if "size mismatch" in line)
-            raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: it was trained on "
-                               f"{trained_on} (adapter_config.json). Pass that model as --model. ({detail[:200]})"
-                               ) from None
+            fix = (f"it was trained on {trained_on} (adapter_config.json): pass that model as --model" if
+                   trained_on not in (model, model_id) else f"yet adapter_config.json names {trained_on}: that model "
+                   "changed since the adapter was trained, or the adapter comes from another run")
+            raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: {fix}. ({detail})") from None
     base.eval()
     return base, tokenizer
 

@@ -257,13 +257,14 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     """Lock and create the run folder; with ``resume``, the checkpoint to continue from. Never deletes user data.
 
     Newer, incomplete checkpoints are named in a warning and set aside as ``damaged-checkpoint-N.old-<time>`` by the
-    main process (the Trainer would write into them). Only the main process locks; the others share its folder.
+    main process (the Trainer would write into them). Without a complete checkpoint (the run stopped before its first
+    one, or every one is damaged) ``resume`` starts again from step 0 in the same folder, what the earlier attempt
+    left set aside in ``attempt.old-<time>-*/`` and named in a warning. Only the main process locks and moves files.
     """
     run_dir = Path(run_dir)
-    no_checkpoint = GrpoKitError(f"--resume: no complete checkpoint-N folder in {run_dir}. Check --output points at "
-                                 "the run folder, or drop --resume to start a new run.")
     if resume and not run_dir.is_dir():
-        raise no_checkpoint
+        raise GrpoKitError(f"--resume: there is no run folder {run_dir}. Check --output, or drop --resume to start a "
+                           "new run.")
     if is_main:
         acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
         _HELD_LOCKS.append(run_dir)
@@ -274,16 +275,23 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
         run_dir.mkdir(parents=True, exist_ok=True)
         return None
     skipped = []
-    for _, folder in checkpoints(run_dir):
-        problem = checkpoint_problem(folder)
-        if problem is None:
+    for _, folder in checkpoints(run_dir):  # newest first
+        if (problem := checkpoint_problem(folder)) is None:
             if skipped:
                 warnings.warn(f"--resume: skipped {'; '.join(skipped)}. Resuming from {folder.name}, the newest "
                               "complete one, with its optimizer and learning-rate state.", stacklevel=2)
             return folder
         aside = set_aside(folder, prefix="damaged-") if is_main else None
         skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
-    raise no_checkpoint
+    earlier = sorted(item for item in run_dir.iterdir() if item.name != LOCK_NAME)
+    if is_main and earlier:
+        aside = Path(tempfile.mkdtemp(prefix=f"attempt.old-{time.strftime('%Y%m%d-%H%M%S')}-", dir=run_dir))
+        for item in earlier:
+            os.rename(item, aside / item.name)
+    moved = f"; what the earlier attempt left is in {aside.name}" if is_main and earlier else ""
+    warnings.warn(f"--resume: no complete checkpoint in {run_dir}" + (f" ({'; '.join(skipped)})" if skipped else "")
+                  + f"{moved}. Training starts again from step 0 in the same folder.", stacklevel=2)
+    return None
 
 
 # --------------------------------------------------------------------------------------------- adapters
@@ -291,9 +299,14 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
 
 def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Path:
     """``run_dir/adapter`` of a run that already reached ``max_steps``: nothing trains, nothing is rewritten, unless
-    the adapter is missing (killed between the last checkpoint and the adapter write): then it is that checkpoint's."""
+    the adapter is missing (killed between the last checkpoint and the adapter write) or cannot be read (a torn
+    file: set aside, never deleted); then it is written again from that checkpoint, which holds the same weights."""
     adapter = run_dir / "adapter"
-    if is_main and not (adapter / "adapter_config.json").is_file():
+    problem = "it is missing" if not (adapter / "adapter_config.json").is_file() else adapter_weights_problem(adapter)
+    if is_main and problem:
+        aside = set_aside(adapter, prefix="damaged-")
+        warnings.warn(f"{adapter}: {problem}" + (f" (moved to {aside.name})" if aside else "") + f"; written again "
+                      f"from {checkpoint.name}, the run's last checkpoint.", stacklevel=2)
         with staged_dir(adapter) as staging:
             shutil.copytree(checkpoint, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
                 "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "global_step*"))
@@ -319,8 +332,9 @@ def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
 # --------------------------------------------------------------------------------------------- run.json
 
 
-def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None) -> Path:
-    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions."""
+def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None, resumed_from: int | None = None) -> Path:
+    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions, and
+    the step a resumed run continued from (its learning rate then follows the schedule for this ``max_steps``)."""
     import peft
     import transformers
     import trl
@@ -328,6 +342,7 @@ def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None) -> Path
     secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
     values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
     info = {"recipe": values, "data": data, "reward_names": list(recipe.kit.reward_funcs), "curriculum": curriculum,
+            "resumed_from_step": resumed_from,
             "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
     return atomic_write_text(Path(run_dir) / "run.json", json.dumps(info, indent=2, default=str))
 

@@ -65,7 +65,9 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         CompletionSamples,
         MetricsLogger,
         NumericsGuard,
+        ScheduleToMaxSteps,
         check_dataset_size,
+        check_rewards,
         check_saved_adapter,
         guard_numerics,
         guard_rewards,
@@ -93,6 +95,10 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
     funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
+    tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))  # no weights yet
+    probe, _ = format_for_grpo(dataset.select(range(1)), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
+                               system_prompt=kit.system_prompt)
+    check_rewards(funcs, probe[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
     PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
@@ -119,7 +125,8 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if is_main:
         if checkpoint is not None:
             truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report)
+        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report,
+                            resumed_from=runs.checkpoint_step(checkpoint) if checkpoint else None)
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log, guard and show
     samples = CompletionSamples(every=show_completions)
@@ -129,7 +136,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), samples, *callbacks],
+        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), samples, *callbacks],
     )
     start = time.time()
     with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
@@ -173,6 +180,8 @@ def cli_train(args) -> int:
     from grpo_kit.config import build_recipe, load_recipe, parse_set
     from grpo_kit.plots import plot_metrics
 
+    if args.show_completions < 0:
+        raise GrpoKitError(f"--show-completions takes a number of steps (0: never), got {args.show_completions}.")
     changes = parse_set(args.set)
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,16 @@ def _jsonl(name, *rows, raw: bytes = b""):
 def _file(name, data: bytes):
     def make(tmp, env):
         (tmp / name).write_bytes(data)
+
+    return make
+
+
+def _reward_module(name: str, source: str):
+    """``<name>.py`` with ``source`` in the folder the command runs from (where a user keeps their rewards)."""
+    def make(tmp, env):
+        (tmp / f"{name}.py").write_text(source)
+        env["monkeypatch"].chdir(tmp)
+        env["monkeypatch"].delitem(sys.modules, name, raising=False)
 
     return make
 
@@ -330,6 +341,20 @@ CASES = [
          ("3 reward_funcs", "2 reward_weights", "one weight per reward")),
     Case("unknown-reward", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=corect", "--set",
          "reward_weights=[1]"), ("'corect'", "correctness")),
+    Case("reward-raises", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_raises:bad", "--set",
+         "reward_weights=[1]"), ("'bad' raised KeyError", "before any weights loaded", "fault_raises.py, line 2"),
+         _reward_module("fault_raises", "def bad(completions, answer, **kwargs):\n    return [{}['x'] for _ in completions]\n")),
+    Case("reward-wrong-length", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_short:short",
+         "--set", "reward_weights=[1]"), ("'short' raised ValueError", "returned 1 scores for 3 completions"),
+         _reward_module("fault_short", "def short(completions, **kwargs):\n    return [0.0]\n")),
+    Case("reward-is-a-builtin", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=os:system", "--set",
+         "reward_weights=[1]"), ("os.system", "builtins and classes cannot be rewards")),
+    Case("max-steps-huge", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=99999999999999999999"),
+         ("max_steps=99999999999999999999", "at most 10,000,000")),
+    Case("show-completions-negative", "settings", (*TRAIN, "--data", "sample", "--show-completions", "-1"),
+         ("--show-completions", "got -1")),
+    Case("recipe-bad-yaml", "settings", ("train", "--recipe", "{tmp}/bad.yaml", "--data", "sample"),
+         ("bad.yaml, line 3, column 1", "not valid YAML"), _file("bad.yaml", b"name: bad\nlearning_rate: [1, 2\n")),
     Case("unknown-set-field", "settings", (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
          ("learnin_rate", "learning_rate")),
     Case("set-without-value", "settings", (*TRAIN, "--data", "sample", "--set", "beta"), ("KEY=VALUE",)),
@@ -364,9 +389,7 @@ CASES = [
     Case("curriculum-order-alone", "settings", (*TRAIN, "--data", "sample", "--curriculum-order", "entropy"),
          ("--curriculum scores.jsonl",)),
     # resume and run folders
-    Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("no complete checkpoint",)),
-    Case("resume-no-checkpoint", "resume", (*TRAIN, "--data", "sample", "--resume"), ("no complete checkpoint",),
-         _run_with("metrics.jsonl")),
+    Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("there is no run folder",)),
     Case("output-has-files", "resume", (*TRAIN, "--data", "sample"), ("already has files", "--resume"),
          _run_with("notes.txt")),
     Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(lock="live")),
@@ -406,6 +429,8 @@ CASES = [
          "complete"), _no_token),
     # eval
     Case("eval-missing-adapter", "eval", EVAL, ("not a LoRA adapter folder",)),
+    Case("eval-batch-size-zero", "eval", ("eval", "--data", "sample", "--batch-size", "0"), ("--batch-size", "got 0")),
+    Case("chat-empty-question", "eval", ("chat", " "), ("The question is empty",)),
     Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
     Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),

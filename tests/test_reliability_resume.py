@@ -116,3 +116,62 @@ def test_sigkilled_run_resumes_from_the_last_complete_checkpoint(tiny_model_dir,
     assert [entry["step"] for entry in state["log_history"] if "loss" in entry] == list(range(1, target + 1))
     assert latest_checkpoint(run_dir).name == f"checkpoint-{target}"
     assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_a_run_stopped_before_its_first_checkpoint_restarts_with_resume(tiny_model_dir, tmp_path, capsys):
+    """Killed before any checkpoint (a disconnect in the first minutes): ``--resume`` starts again in the same folder;
+    what the first attempt left is set aside with the reason, not deleted, and no command sends the user elsewhere."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
+    (run_dir / "run.json").write_text(json.dumps({"recipe": {"name": "cpu"}}))
+    (run_dir / "checkpoint-1").mkdir()  # killed while saving: no trainer_state.json
+    argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", "max_steps=1",
+            "--output", str(run_dir)]  # fmt: skip
+    assert main(argv) == 2 and "--resume" in capsys.readouterr().err  # a new run is not written over it
+    with pytest.warns(UserWarning, match=r"no complete checkpoint .*checkpoint-1: no trainer_state.json.*attempt\.old-"):
+        assert main([*argv, "--resume"]) == 0
+    assert "steps: 1" in capsys.readouterr().out
+    (aside,) = run_dir.glob("attempt.old-*")
+    assert (aside / "metrics.jsonl").read_text() == '{"step": 1, "reward": 0.5}\n'  # the first attempt, kept
+    assert any(aside.glob("damaged-checkpoint-1.old-*"))
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1]
+    assert (run_dir / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_resume_of_a_folder_that_does_not_exist_is_refused(tmp_path, capsys):
+    code = main(["train", *TINY, "--output", str(tmp_path / "nowhere"), "--resume"])
+    assert code == 2 and "there is no run folder" in capsys.readouterr().err
+    assert not (tmp_path / "nowhere").exists()
+
+
+@pytest.mark.slow
+def test_extending_a_finished_run_continues_the_schedule_for_the_new_max_steps(tiny_model_dir, tmp_path):
+    """README, resume: an extended run's learning rates are those of a run planned for the new max_steps from the
+    start (linear decay from 5e-4, the cpu recipe's): 2 steps, then to 3, then to 6; no added step trains at rate 0."""
+    run_dir = tmp_path / "run"
+    argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--output", str(run_dir)]
+    for max_steps, resume in ((2, []), (3, ["--resume"]), (6, ["--resume"])):
+        assert main([*argv, "--set", f"max_steps={max_steps}", *resume]) == 0
+    rates = [row["learning_rate"] for row in read_metrics(run_dir / "metrics.jsonl")]
+    expected = [5e-4, 2.5e-4, 5e-4 * (1 - 2 / 3), 5e-4 * (1 - 3 / 6), 5e-4 * (1 - 4 / 6), 5e-4 * (1 - 5 / 6)]
+    assert rates == pytest.approx(expected)
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from_step"] == 3
+
+
+@pytest.mark.slow
+def test_sigterm_stops_a_run_like_ctrl_c_and_releases_the_lock(tiny_model_dir, tmp_path):
+    """SIGTERM is what Colab and job schedulers send: one line, exit 143, the lock gone, the run resumable."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}",
+           "--set", "max_steps=1000", "--output", str(run_dir)]  # fmt: skip
+    process = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None and not (run_dir.is_dir() and latest_checkpoint(run_dir)):
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143, err[-2000:]
+    assert "grpo-kit: stopped by SIGTERM" in err and "Traceback" not in err
+    assert not (run_dir / ".grpo-kit.lock").exists() and latest_checkpoint(run_dir) is not None

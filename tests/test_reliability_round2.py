@@ -180,6 +180,18 @@ def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, mak
     assert not adapter.exists() and (run_dir / "adapter.nonfinite" / "adapter_model.safetensors").is_file()
 
 
+def test_an_exploded_adapter_is_neither_a_finished_run_nor_exported(tmp_path, tiny_model_dir, make_adapter, capsys):
+    """lr 1e10 leaves finite weights of ~1e10 and a model that writes only end-of-text: not a result, not "verified"."""
+    run_dir = tmp_path / "run"
+    adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
+    tensor = _poison(adapter, 1.3e10)
+    err = _cli_error(capsys, ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--out-dir",
+                              str(tmp_path / "exports")])  # fmt: skip
+    assert "weights beyond 1000" in err and tensor in err and not (tmp_path / "exports").exists()
+    with pytest.raises(NumericsError, match="final adapter.*beyond 1000.*adapter.nonfinite"):
+        check_saved_adapter(adapter, run_dir, 1)
+
+
 # ------------------------------------------------------------------------------------------------ 3. finished runs
 
 

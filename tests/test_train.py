@@ -69,9 +69,9 @@ def test_existing_run_folder_is_not_overwritten(tmp_path):
     assert (tmp_path / "keep.txt").read_text() == "user data"
 
 
-def test_resume_without_checkpoint_is_explained(tmp_path):
-    with pytest.raises(GrpoKitError, match="no complete checkpoint"):
-        train(load_recipe("cpu"), data="sample", output_dir=tmp_path, resume=True)
+def test_resume_without_a_run_folder_is_explained(tmp_path):
+    with pytest.raises(GrpoKitError, match="there is no run folder"):
+        train(load_recipe("cpu"), data="sample", output_dir=tmp_path / "missing", resume=True)
 
 
 def _tiny_preset(tiny_model_dir, **changes):
