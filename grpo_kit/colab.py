@@ -68,9 +68,9 @@ def size_bytes(path: str | os.PathLike) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
 
 
-def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str) -> None:
-    """Refuse, in one line naming a smaller choice that fits, when ``sizes`` (name -> bytes) need more than the free
-    space at ``dest`` minus ``SPACE_MARGIN``."""
+def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str, fix: str | None = None) -> None:
+    """Refuse, in one line naming a smaller choice that fits (or ``fix``), when ``sizes`` (name -> bytes) need more
+    than the free space at ``dest`` minus ``SPACE_MARGIN``."""
     existing = Path(dest).resolve()
     while not existing.exists():  # the folder may not exist yet: ask its nearest existing parent's file system
         existing = existing.parent
@@ -86,9 +86,10 @@ def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str) -> 
     smaller = (f"copy only what fits, include={tuple(fits)!r} ({_gb(sum(sizes[n] for n in fits))})" if fits
                else "nothing of it fits")
     listing = ", ".join(f"{name} {_gb(size)}" for name, size in sizes.items())
+    fix = fix or (f"Nothing was copied. Either {smaller}, or free space there (on Drive: empty the trash too) and run "
+                  "the cell again.")
     raise GrpoKitError(f"Not enough space for {what}: {listing} = {_gb(needed)}, but {dest} has {_gb(max(free, 0))} "
-                       f"free (kept back: {_gb(SPACE_MARGIN)}). Nothing was copied. Either {smaller}, or free space "
-                       "there (on Drive: empty the trash too) and run the cell again.")
+                       f"free (kept back: {_gb(SPACE_MARGIN)}). {fix}")
 
 
 def _gb(size: int) -> str:

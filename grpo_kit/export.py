@@ -422,6 +422,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     by_unsloth = bool(gguf_types) and (bool(too_big) or route == "unsloth")
     unsloth_merged16 = bool(too_big) and "merged16" in wanted
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
+    check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth or unsloth_merged16)
     results: list[ExportResult] = []
     try:
         with runs.staged_dir(target) as staging:
@@ -486,6 +487,22 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
         results = [dataclasses.replace(r, hub_url=url) for r in results]
         say(f"uploaded {target} to {url}")
     return results
+
+
+def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, unsloth_copy: bool) -> None:
+    """Refuse an export that would not fit on the disk of ``out_dir``, before minutes of loading and merging: an 8B
+    model's merged16 is 16 GB, its q4_k_m GGUF 5 GB, and Unsloth's route writes a merged copy of its own first (the
+    free disk of a Colab runtime is 75-80 GB). Unknown model sizes are not checked."""
+    from grpo_kit.colab import check_fits
+    from grpo_kit.planner import shape_for
+
+    if (shape := shape_for(base_path)) is None or not (gguf_types or "merged16" in wanted):
+        return
+    sizes = {f"gguf {kind}": int(shape.params * gguf_files.GGUF_BYTES[kind]) for kind in gguf_types}
+    sizes.update({"merged16": 2 * shape.params} if "merged16" in wanted else {})
+    sizes.update({"Unsloth's merged copy (removed afterwards)": 2 * shape.params} if unsloth_copy else {})
+    check_fits(sizes, out_dir, what=f"the export {name}", fix="Nothing was written. Export fewer formats (--format "
+               "lora takes megabytes; one --gguf-type), free disk space, or choose another --out-dir.")
 
 
 def cli_export(args) -> int:

@@ -50,6 +50,9 @@ LIMITS = {
     "q4_k_m": (1e-2, 0.5, 0.15, "unsloth"),
 }
 GGUF_TYPES = tuple(kind for kind, limit in LIMITS.items() if limit[3])
+#: Bytes per weight of each GGUF type, for the disk-space check (llama.cpp's bits per weight: f16 16, q8_0 8.5, q5_k_m
+#: about 5.7, q4_k_m about 4.9).
+GGUF_BYTES = {"f16": 2.0, "q8_0": 1.0625, "q5_k_m": 0.71, "q4_k_m": 0.61}
 GPU_HINT = ("On a GPU with Unsloth installed the export uses Unsloth's save_pretrained_gguf; or export --format "
             "merged16 and convert that folder with llama.cpp's convert_hf_to_gguf.py.")
 NO_FILES_HELP = ("Unsloth converts with llama.cpp, which it builds on first use (git, cmake, a C++ compiler, internet "

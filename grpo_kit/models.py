@@ -111,24 +111,42 @@ def _first_line(error: BaseException) -> str:
 def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, in the precision the run
     trains in (``bf16``/``fp16``, else float32) unless the recipe sets ``dtype``. Unsloth starts its in-process vLLM
-    when generation is colocated; if that engine fails, it loads again without (one "vLLM off:" line, no
-    ``model.vllm_engine``: the trainer must then get ``use_vllm=False``).
+    when generation is colocated. When vLLM cannot be imported (Colab's CUDA 12 torch: the installer skips it) or its
+    engine fails to start, the model loads without it: one "vLLM off:" line, ``model.vllm_engine`` None, and
+    ``without_failed_vllm`` gives the trainer ``use_vllm=False``; a resumed run goes on from its checkpoint the same.
     """
     import torch
 
-    backend = prepare_backend(recipe.kit.backend)
+    backend, colocated = prepare_backend(recipe.kit.backend), recipe.vllm_colocated
     if recipe.grpo.use_vllm:  # after prepare_backend: vLLM imports transformers, which Unsloth patches first
         try:
             import vllm  # noqa: F401
         except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
-            raise GrpoKitError(f"Recipe {recipe.name} has use_vllm: true, but vLLM cannot be imported "
-                               f"({_first_line(error)}). Install the vllm wheel built for this torch's CUDA "
-                               "(requirements-colab.txt), or set use_vllm: false (--set use_vllm=false).") from None
+            if not colocated:  # server mode: TRL's client needs vLLM's own communicator
+                raise GrpoKitError(f"vllm_mode='server' needs vLLM here too, and it cannot be imported "
+                                   f"({_first_line(error)}). Install the vllm wheel built for this torch's CUDA, or "
+                                   "--set use_vllm=false.") from None
+            print(f"vLLM off: it cannot be imported ({_first_line(error)}). Generation uses {backend}'s generate "
+                  "(slower, same recipe). To use vLLM, install the vllm wheel built for this torch's CUDA "
+                  "(requirements-colab.txt) and restart the runtime.", flush=True)
+            colocated = False
     g, model_id = recipe.grpo, resolve_model_id(recipe.model.model_name_or_path)
     dtype = recipe.values.get("dtype") or ("bfloat16" if g.bf16 else "float16" if g.fp16 else "float32")
-    if backend == "unsloth":
-        return _load_unsloth(recipe, model_id, getattr(torch, dtype, None))  # None ("auto"): Unsloth picks
-    return _load_transformers(recipe, model_id, dtype)
+    if backend == "unsloth":  # dtype None ("auto"): Unsloth picks
+        model, tokenizer = _load_unsloth(recipe, model_id, getattr(torch, dtype, None), colocated)
+    else:
+        model, tokenizer = _load_transformers(recipe, model_id, dtype)
+    if recipe.vllm_colocated and not colocated:
+        model.vllm_engine = None  # without_failed_vllm reads this
+    return model, tokenizer
+
+
+def without_failed_vllm(recipe, model):
+    """The recipe the trainer gets for ``model``: ``use_vllm`` off when ``load_model`` had to load it without vLLM
+    (else TRL would start an engine of its own, or Unsloth's trainer look for the one that failed)."""
+    if recipe.vllm_colocated and getattr(model, "vllm_engine", "none needed") is None:
+        return recipe.replace(use_vllm=False)
+    return recipe
 
 
 def _load_transformers(recipe, model_id: str, dtype: str):
@@ -153,13 +171,13 @@ def _load_transformers(recipe, model_id: str, dtype: str):
     return get_peft_model(base, trl.get_peft_config(recipe.model)), tokenizer
 
 
-def _load_unsloth(recipe, model_id: str, dtype):
+def _load_unsloth(recipe, model_id: str, dtype, colocated: bool):
     import gc
 
     import torch
     from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
 
-    m, colocated = recipe.model, recipe.vllm_colocated
+    m = recipe.model
     # dtype is always given: left out, Unsloth picks bf16 wherever the card has it, and its trainer then refuses the
     # model when the run trains in fp16. In server mode the server generates: an in-process vLLM would only take memory.
     kwargs = dict(model_name=model_id, max_seq_length=recipe.kit.max_seq_length, dtype=dtype,
@@ -181,7 +199,7 @@ def _load_unsloth(recipe, model_id: str, dtype):
         gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
         torch.cuda.empty_cache()
         model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
-        model.vllm_engine = None  # train() reads this: use_vllm goes off, or TRL would start an engine of its own
+        model.vllm_engine = None  # without_failed_vllm reads this
     model = FastLanguageModel.get_peft_model(
         model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
         use_gradient_checkpointing="unsloth" if recipe.grpo.gradient_checkpointing else False,

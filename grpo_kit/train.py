@@ -108,9 +108,8 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
 
     # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
     policy, tokenizer = models.load_model(recipe)
-    if recipe.vllm_colocated and getattr(policy, "vllm_engine", "none needed") is None:
-        recipe = recipe.replace(use_vllm=False)  # Unsloth's vLLM engine did not start: load_model said why
-        config = recipe.grpo
+    recipe = models.without_failed_vllm(recipe, policy)  # vLLM missing or its engine failed: load_model said so
+    config = recipe.grpo
 
     # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
     train_set, n_long = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,

@@ -257,3 +257,19 @@ def test_cli_export_refuses_to_overwrite(run_dir, tmp_path, capsys):
     assert main(args) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert main([*args, "--overwrite"]) == 0
+
+
+def test_an_export_that_would_not_fit_on_the_disk_is_refused_before_anything_loads(run_dir, tmp_path, monkeypatch):
+    """An 8B merged16 is 16 GB and a Colab disk holds ~75 GB: the sizes are checked before minutes of merging."""
+    import shutil
+
+    import grpo_kit.colab as colab
+    import grpo_kit.models as models
+
+    monkeypatch.setattr(colab.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12, 1000))
+    monkeypatch.setattr(models, "load_inference_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    with pytest.raises(GrpoKitError, match=r"Not enough space for the export tiny: gguf q8_0 .* merged16 .*Nothing "
+                                           r"was written\. Export fewer formats"):
+        export(run_dir / "adapter", ("merged16", "gguf"), gguf_type="q8_0", out_dir=tmp_path / "exports", name="tiny")
+    assert not any((tmp_path / "exports").iterdir())
+    export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], unsloth_copy=False)  # MBs

@@ -119,6 +119,16 @@ def test_unsloth_gguf_is_taken_from_the_returned_paths_and_verified(adapter, tin
     assert "unsloth" not in sys.modules  # the verification ran on plain transformers
 
 
+def test_several_gguf_types_take_one_unsloth_child_and_one_merge(adapter, tiny_model_dir, tmp_path, fake_unsloth):
+    """Colab's disk: one merge of an 8B model is 16 GB, so every type asked for comes from one save_pretrained_gguf."""
+    results = export(adapter, ("gguf",), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", name="u",
+                     gguf_type="q8_0,f16")
+    assert [r.path.name for r in results] == ["u-q8_0.gguf", "u-f16.gguf"]
+    calls = fake_unsloth()
+    assert len([c for c in calls if "model_name" in c]) == 1  # one child process loaded the model once
+    assert [c["quantization_method"] for c in calls if "quantization_method" in c] == [["q8_0", "f16"]]
+
+
 def test_unsloth_writing_no_file_fails_clearly_and_leaves_nothing(adapter, tiny_model_dir, tmp_path, fake_unsloth,
                                                                   monkeypatch):
     monkeypatch.setenv("FAKE_UNSLOTH_NO_FILES", "1")
