@@ -171,7 +171,6 @@ class Curriculum:
     def __post_init__(self) -> None:
         _choice(self.order, ORDERS, "curriculum order")
         _choice(self.zero_variance, ZERO_VARIANCE, "zero-variance mode")
-        read_scores(self.scores_path)  # a missing or broken file is reported now, before any weights load
 
     @property
     def grpo_changes(self) -> dict:

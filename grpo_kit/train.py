@@ -73,6 +73,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         guard_rewards,
         truncate_metrics,
     )
+    from grpo_kit.curriculum import read_scores
     from grpo_kit.data import format_for_grpo, load_gsm8k
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions
@@ -94,6 +95,8 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
+    if curriculum is not None:
+        read_scores(curriculum.scores_path)  # a missing or unreadable scores file: told before any weights load
     funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
     tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))  # no weights yet
     probe, _ = format_for_grpo(dataset.select(range(1)), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,

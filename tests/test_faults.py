@@ -119,6 +119,14 @@ def _nan(adapter, env):
     save_file(tensors, str(adapter / "adapter_model.safetensors"))
 
 
+def _names_the_other_base(tmp, env):
+    """The adapter of ``_other_base``, its adapter_config.json edited to name the other model (a base re-trained or
+    replaced since): the message must not send the user to the model that was just tried."""
+    _other_base(tmp, env)
+    config_path = tmp / "run" / "adapter" / "adapter_config.json"
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": str(tmp / "other")}))
+
+
 def _other_base(tmp, env):
     """A tiny Llama of another width at ``{tmp}/other`` and an adapter made for the tiny model at ``{tmp}/run``."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
@@ -163,6 +171,12 @@ def _run_with(*names, steps=None, lock=None, adapter=False):
             (run / LOCK_NAME).write_text(str(env[f"{lock}_pid"]))
 
     return make
+
+
+def _damaged_final_adapter(tmp, env):
+    """A finished 2-step run whose final adapter file was cut in half (a full disk, a kill during a copy)."""
+    _run_with(steps=2, adapter=True)(tmp, env)
+    _cut("adapter_model.safetensors")(tmp / "run" / "adapter")
 
 
 def _damaged_last_checkpoint(damage):
@@ -327,6 +341,9 @@ CASES = [
     Case("too-few-prompts", "data", (*TRAIN, "--data", "{tmp}/d.csv", "--set", "gradient_accumulation_steps=4"),
          ("1 usable prompt", "one optimizer step"),
          _file("d.csv", b"question,answer\nq1,7\n")),
+    Case("curriculum-binary-file", "data", (*TRAIN, "--data", "sample", "--curriculum", "{tmp}/s.jsonl"),
+         ("Cannot read curriculum scores", "UnicodeDecodeError", "grpo-kit curriculum"),
+         _file("s.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)),
     Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("unreachable", "--data sample"),
          _hub_unreachable),
     Case("eval-bad-row-no-eval-lenient", "data", ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
@@ -349,6 +366,9 @@ CASES = [
          _reward_module("fault_short", "def short(completions, **kwargs):\n    return [0.0]\n")),
     Case("reward-is-a-builtin", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=os:system", "--set",
          "reward_weights=[1]"), ("os.system", "builtins and classes cannot be rewards")),
+    Case("save-steps-zero", "settings", (*TRAIN, "--data", "sample", "--set", "save_steps=0"),
+         ("save_steps=0", "positive number of steps")),
+    Case("bf16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "bf16=true"), ("needs a CUDA GPU", "bf16")),
     Case("max-steps-huge", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=99999999999999999999"),
          ("max_steps=99999999999999999999", "at most 10,000,000")),
     Case("show-completions-negative", "settings", (*TRAIN, "--data", "sample", "--show-completions", "-1"),
@@ -397,6 +417,8 @@ CASES = [
          _run_with(steps=1, lock="live")),
     Case("resume-finished-run", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
          _run_with(steps=2, adapter=True), code=0),
+    Case("truncated-final-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
+         ("already finished: step 2 of 2",), _damaged_final_adapter, code=0),
     Case("killed-during-checkpoint-save", "resume", (*TRAIN, "--data", "sample", "--resume"),
          ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("trainer_state.json")), code=0),
     Case("torn-trainer-state", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 1 of 1",),
@@ -436,6 +458,9 @@ CASES = [
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
     Case("eval-other-base", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data",
          "sample", "--limit", "1"), ("trained on {tiny}", "--model", "size mismatch"), _other_base),
+    Case("eval-adapter-names-this-model", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter",
+         "--data", "sample", "--limit", "1"), ("yet adapter_config.json names {tmp}/other", "size mismatch"),
+         _names_the_other_base),
     Case("eval-model-missing", "eval", ("eval", "--model", "{tmp}/nope", "--data", "sample"),
          ("No model folder", "--model embedded")),
     Case("eval-model-not-a-model", "eval", ("eval", "--model", "{tmp}/data", "--data", "sample"),
@@ -500,7 +525,7 @@ def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter
 
 def _original(path: Path) -> Path:
     """Where a file was before resume set its damaged checkpoint aside (``damaged-checkpoint-N.old-<time>/``)."""
-    return Path(re.sub(r"/damaged-(checkpoint-\d+)\.old-[^/]+/", r"/\1/", str(path)))
+    return Path(re.sub(r"/damaged-(checkpoint-\d+|adapter)\.old-[^/]+/", r"/\1/", str(path)))
 
 
 # ------------------------------------------------------------------------------------------------ beyond the table

@@ -164,7 +164,7 @@ def test_vram_planner_warns_with_the_fix_before_loading(tmp_path, monkeypatch):
 
     # An 8 GB bf16 card asked to run the A100-80GB recipe (8B bf16 weights, 64 completions of 1024 tokens).
     monkeypatch.setattr(models, "detect_device", lambda: DeviceInfo("cuda", "RTX 3070", 7.8, bf16=True))
-    monkeypatch.setattr(models, "load_model", stop_at_model_load)
+    monkeypatch.setattr(models, "load_tokenizer", stop_at_model_load)  # the first thing read from the model's repo
     with pytest.warns(UserWarning, match="VRAM planner") as caught, pytest.raises(Loaded):  # warned, then loading
         train(load_recipe("a100-80gb"), data="sample", output_dir=tmp_path / "run")
     message = str(caught[0].message)
