@@ -16,7 +16,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import completion_text
-from grpo_kit.runs import ADAPTER_WEIGHTS, adapter_weights_problem, atomic_write_text, latest_checkpoint
+from grpo_kit.runs import ADAPTER_WEIGHTS, adapter_weights_problem, atomic_write_text, latest_checkpoint, set_aside
 
 #: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
 FP16_GRAD_NORM_PATIENCE = 3
@@ -413,7 +412,7 @@ def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
     """
     if bad := _broken_tensors(adapter_dir):
         aside = run_dir / "adapter.nonfinite"
-        shutil.rmtree(aside, ignore_errors=True)
+        set_aside(aside)  # one from an earlier attempt is renamed, not deleted
         os.rename(adapter_dir, aside)
         error = numerics_error(step, "the final adapter", f"NaN/inf or beyond {MAX_ADAPTER_WEIGHT:g} in {len(bad)} "
                                "tensor(s)", run_dir,
