@@ -36,7 +36,7 @@ bench: install
 	$(PY) benchmarks/bench_step_time.py
 
 # Everything an offline CUDA machine with a stock PyTorch needs for the GPU proof, in parts of <= 60 MiB, plus
-# gpu-bundle/install.sh (docs/VRAM.md, "GPU proof"). Needs PyPI here; the GPU machine needs no network.
+# gpu-bundle/parts.json (docs/VRAM.md, "GPU proof"). Needs PyPI here; the GPU machine needs no network.
 gpu-bundle: install
 	$(PY) benchmarks/gpu_bundle.py --out gpu-bundle
 

