@@ -433,9 +433,11 @@ def receive(src: Path, stash: Path = STASH, *, need=(), install: bool = False, s
 
 #: One device call's carried files, at most (the tool's limit is 64 MiB with the working tree, ~1.5 MiB).
 CALL_MIB = 60
-#: Each GPU proof stage's command, after ``receive`` (``STAGES`` in gpu_proof.py: ≤ 8 minutes each).
+#: Each GPU proof stage's command, after ``receive`` (``STAGES`` in gpu_proof.py: ≤ 8 minutes each). The built models
+#: are shared: stage 3 reuses stage 2's 8B when the machine stayed warm, and builds it again when it went cold.
 STAGE_COMMAND = ("PYTHONPATH={stash}/site:{stash}/embedded:$PYTHONPATH GRPO_KIT_TOKENIZER={stash}/core/tokenizer "
-                 "python3 benchmarks/gpu_proof.py --profile device --stage {stage} --out /tmp/gpu-proof-{stage}; "
+                 "python3 benchmarks/gpu_proof.py --profile device --stage {stage} --out /tmp/gpu-proof-{stage} "
+                 "--models /tmp/gpu-proof-models; "
                  "cp /tmp/gpu-proof-{stage}/gpu_proof.json $OUT/stage{stage}.json")
 
 

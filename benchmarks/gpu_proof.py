@@ -560,7 +560,8 @@ def run_worker(spec: dict) -> dict:
     preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False)
     prepare_backend(preset.kit.backend)  # Unsloth runs: imported before the tokenizer/timer import transformers
     row = {"cap_fraction": cap_memory(preset.kit.vram_gb), "precision": precision(preset)}
-    row["children_capped"] = cap_children(row["cap_fraction"])
+    if run.kind == "export":  # the export's Unsloth child (the T4/L4 route) must see the card the tier has
+        row["children_capped"] = cap_children(row["cap_fraction"])
     torch.cuda.reset_peak_memory_stats()
     try:
         row.update(_train_and_measure(run, preset, spec))

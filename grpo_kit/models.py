@@ -149,6 +149,21 @@ def without_failed_vllm(recipe, model):
     return recipe
 
 
+def release_vllm(model) -> bool:
+    """Give back the GPU memory of Unsloth's in-process vLLM engine (``model.vllm_engine``) with unsloth_zoo's own
+    teardown, ``delete_vllm``: it destroys vLLM's model-parallel groups and distributed environment, which keep the
+    engine's memory (about 9 GiB on a T4) after ``del trainer, model``. Call it before an export in the same kernel.
+    False when the model has no engine (a CPU, vLLM off or in server mode)."""
+    engine = getattr(model, "vllm_engine", None)
+    if engine is None:
+        return False
+    from unsloth_zoo.vllm_utils import delete_vllm  # present wherever Unsloth built an engine
+
+    delete_vllm(engine)
+    model.vllm_engine = None
+    return True
+
+
 def _load_transformers(recipe, model_id: str, dtype: str):
     import torch
     import trl

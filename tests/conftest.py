@@ -18,6 +18,9 @@ def _pin_threads():
     from grpo_kit.models import set_torch_threads
 
     set_torch_threads()
+    # bitsandbytes picks its backend when first imported: import it while torch.cuda is real, before a test fakes a
+    # GPU (with a faked GPU it would load its CUDA ops, which a CPU torch lacks).
+    import bitsandbytes  # noqa: F401
 
 
 @pytest.fixture(scope="session")

@@ -284,7 +284,7 @@ def _record_inference_load(monkeypatch) -> list:
         if cls.__name__ == "AutoTokenizer":
             return types.SimpleNamespace(pad_token="<pad>", eos_token="<eos>", padding_side="right")
         seen.append(kwargs)
-        return types.SimpleNamespace(eval=lambda: None)
+        return types.SimpleNamespace(eval=lambda: None, modules=lambda: [])
 
     monkeypatch.setattr(models, "_from_pretrained", record)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -385,3 +385,19 @@ def test_use_vllm_false_reaches_train(fake_unsloth, monkeypatch):
     with pytest.raises(_Stop):
         main(["train", "--preset", "a100-80gb", "--set", "use_vllm=false"])
     assert seen[0].grpo.use_vllm is False and seen[0].name == "a100-80gb"
+
+
+def test_the_colocated_vllm_engine_is_released_by_unsloths_own_teardown(monkeypatch):
+    """``del trainer, model`` leaves Unsloth's engine holding its memory (vLLM's distributed groups keep it alive);
+    ``release_vllm`` hands the engine to unsloth_zoo's ``delete_vllm`` once, and is a no-op without an engine."""
+    torn_down = []
+    zoo = types.ModuleType("unsloth_zoo")
+    zoo.vllm_utils = types.ModuleType("unsloth_zoo.vllm_utils")
+    zoo.vllm_utils.delete_vllm = torn_down.append
+    monkeypatch.setitem(sys.modules, "unsloth_zoo", zoo)
+    monkeypatch.setitem(sys.modules, "unsloth_zoo.vllm_utils", zoo.vllm_utils)
+    engine = object()
+    model = SimpleNamespace(vllm_engine=engine)
+    assert models.release_vllm(model) and torn_down == [engine] and model.vllm_engine is None
+    assert not models.release_vllm(model) and torn_down == [engine]  # a second call finds nothing to release
+    assert not models.release_vllm(SimpleNamespace())  # the CPU path: no engine, nothing imported
