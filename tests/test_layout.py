@@ -84,6 +84,6 @@ def test_grpo_kit_has_no_import_cycles():
 def test_a_command_starts_without_library_noise():
     """PEFT imports bitsandbytes, whose CPU backend warns about the optional Hub-fetched `kernels` package on CPUs
     with AVX512-BF16; a command's stderr stays empty (the kit silences that one logger)."""
-    result = subprocess.run([sys.executable, "-m", "grpo_kit", "rewards"], capture_output=True, text=True, cwd=REPO,
+    result = subprocess.run([sys.executable, "-m", "grpo_kit", "presets"], capture_output=True, text=True, cwd=REPO,
                             timeout=600)
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]
