@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import completion_text
-from grpo_kit.runs import ADAPTER_WEIGHTS, adapter_weights_problem, atomic_write_text, latest_checkpoint, set_aside
+from grpo_kit.runs import adapter_problem, atomic_write_text, latest_checkpoint, set_aside
 
 #: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
 FP16_GRAD_NORM_PATIENCE = 3
@@ -57,8 +57,9 @@ def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
     bad = []
     for key, value in logs.items():
         name = "reward/" + key[8:-5] if key.startswith("rewards/") and key.endswith("/mean") else key
-        if (name in ("loss", "grad_norm", "reward") or name.startswith("reward/")) and not is_finite_number(value):
-            if isinstance(value, float):  # absent or not a number (text): not looked at
+        # a value that is not a float (text) is not looked at
+        if (name in ("loss", "grad_norm", "reward") or name.startswith("reward/")) and isinstance(value, float):
+            if not math.isfinite(value):
                 bad.append((name, value))
     return bad
 
@@ -80,7 +81,6 @@ def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
 
 def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkpoint_is_clean: bool = True,
                    detail: str = "") -> NumericsError:
-    """What was bad at which step, what to change, and where to resume from."""
     if metric.startswith("reward/"):
         fix = (f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
                "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs.")
@@ -373,49 +373,29 @@ def dumps_finite(value: Any, **kwargs) -> str:
     return json.dumps(finite(value), allow_nan=False, **kwargs)
 
 
-#: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
-#: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
-MAX_ADAPTER_WEIGHT = 1e3
-
-
-def _broken_tensors(adapter_dir: str | os.PathLike) -> list[str]:
-    """Names of the adapter's tensors holding NaN/inf or a weight beyond ``MAX_ADAPTER_WEIGHT``."""
-    import torch
-    from safetensors.torch import load_file
-
-    tensors = load_file(str(Path(adapter_dir) / ADAPTER_WEIGHTS))
-    return sorted(name for name, tensor in tensors.items()
-                  if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()))
-
-
 def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
-    """Refuse an adapter whose weights file is unreadable or holds NaN/inf (``use``: what was asked): a NaN adapter
-    would otherwise be exported and "verified" (NaN compares false with any limit) or evaluated as a model."""
+    """Refuse an adapter that ``runs.adapter_problem`` finds unusable (``use``: what was asked), naming what to use."""
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         inside = Path(adapter_dir) / "adapter"  # given the run folder instead of its adapter/
         hint = f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
-    if problem := adapter_weights_problem(adapter_dir):
-        raise GrpoKitError(f"Cannot {use}: {problem}. Use another checkpoint-N folder of the run, or train again.")
-    if bad := _broken_tensors(adapter_dir):
-        raise GrpoKitError(f"Cannot {use}: the adapter in {adapter_dir} has NaN/inf weights or weights beyond "
-                           f"{MAX_ADAPTER_WEIGHT:g} ({len(bad)} tensor(s), e.g. {bad[0]}); training diverged. Use an "
-                           "earlier checkpoint-N folder of the run, or train again with a lower --set learning_rate=...")
+    if problem := adapter_problem(adapter_dir):
+        raise GrpoKitError(f"Cannot {use}: {problem}. Use another (earlier) checkpoint-N folder of the run, or train "
+                           "again (if training diverged, with a lower --set learning_rate=...).")
 
 
 def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is sound: NaN/inf or exploded weights (``MAX_ADAPTER_WEIGHT``) are moved to
+    """A run is done only when its adapter is sound (``runs.adapter_problem``): a broken one is moved to
     ``adapter.nonfinite`` and reported.
 
     The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
     broke the weights (an inf learning rate does exactly that).
     """
-    if bad := _broken_tensors(adapter_dir):
+    if problem := adapter_problem(adapter_dir):
         aside = run_dir / "adapter.nonfinite"
         set_aside(aside)  # one from an earlier attempt is renamed, not deleted
         os.rename(adapter_dir, aside)
-        error = numerics_error(step, "the final adapter", f"NaN/inf or beyond {MAX_ADAPTER_WEIGHT:g} in {len(bad)} "
-                               "tensor(s)", run_dir,
-                               checkpoint_is_clean=False, detail=f" The broken adapter was moved to {aside}.")
-        error.metric, error.value = "adapter", bad[0]
+        error = numerics_error(step, "the final adapter", "unusable", run_dir, checkpoint_is_clean=False,
+                               detail=f" ({problem}) The broken adapter was moved to {aside}.")
+        error.metric = "adapter"
         raise error

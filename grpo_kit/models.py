@@ -29,7 +29,6 @@ class DeviceInfo:
 
 
 def detect_device() -> DeviceInfo:
-    """The first CUDA device, or the CPU when there is none."""
     import torch
 
     if not torch.cuda.is_available():
@@ -58,12 +57,11 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules  # importable only inside Colab
 
 
-def set_torch_threads(threads: int | None = None) -> int:
-    """Pin torch's intra-op threads: ``threads``, else ``$GRPO_KIT_THREADS`` (CI), else torch's default."""
+def set_torch_threads() -> int:
+    """Pin torch's intra-op threads to ``$GRPO_KIT_THREADS`` (CI) when it is set; else torch's default."""
     import torch
 
-    threads = threads or int(os.environ.get("GRPO_KIT_THREADS") or 0)
-    if threads:
+    if threads := int(os.environ.get("GRPO_KIT_THREADS") or 0):
         torch.set_num_threads(threads)
     return torch.get_num_threads()
 
@@ -395,8 +393,6 @@ def _quantize_embedded(plain: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-    if importlib.util.find_spec("bitsandbytes") is None:
-        raise GrpoKitError(f"{EMBEDDED_4BIT_ID} is made with bitsandbytes: pip install bitsandbytes==0.50.2.")
     nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                              bnb_4bit_compute_dtype=torch.bfloat16)
     AutoModelForCausalLM.from_pretrained(plain, quantization_config=nf4, device_map="cpu").save_pretrained(folder)

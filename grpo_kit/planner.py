@@ -135,7 +135,6 @@ class VramEstimate:
         return self.total_gib <= self.card_gib
 
     def format(self) -> str:
-        """A readable breakdown, one part per line, ending with the total and the verdict."""
         rows = {f"weights ({self.weight_bits}-bit)": self.weights_gib,
                 f"LoRA: {self.lora_params / 1e6:.1f}M params + grads + Adam": self.lora_gib,
                 "activations (one micro-batch)": self.activations_gib, "logits (fp32, + their gradient)": self.logits_gib,
@@ -279,7 +278,6 @@ def _estimate_or_none(recipe) -> float | None:
 
 
 def presets_table(recipes) -> str:
-    """An aligned text table of the recipes' key numbers (``grpo-kit presets`` prints it)."""
     rows = [("preset", "GiB", "model", "4bit", "prec", "G", "batch×accum", "q/step", "compl", "LoRA r", "vLLM", "plan")]
     for r in recipes:
         g, estimate = r.grpo, _estimate_or_none(r)

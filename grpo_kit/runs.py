@@ -26,6 +26,9 @@ from grpo_kit.errors import GrpoKitError
 
 #: The adapter weights file PEFT writes (checkpoints and the final adapter).
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+#: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
+#: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
+MAX_ADAPTER_WEIGHT = 1e3
 #: Lock file in a run folder: holds the PID of the process training in it.
 LOCK_NAME = ".grpo-kit.lock"
 
@@ -46,11 +49,6 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
-def staging_prefix(name: str) -> str:
-    """``.<name>.partial-<pid>-``: the name of a staging folder tells a live writer from a killed one."""
-    return f".{name}.partial-{os.getpid()}-"
-
-
 @contextlib.contextmanager
 def staged_dir(final: str | os.PathLike, *, name: str | None = None):
     """Yield an empty folder next to ``final``; when the block ends without an error it takes ``final``'s place.
@@ -62,7 +60,8 @@ def staged_dir(final: str | os.PathLike, *, name: str | None = None):
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     if name is None:
-        staging = Path(tempfile.mkdtemp(prefix=staging_prefix(final.name), dir=final.parent))
+        # the PID in the name tells a live writer's staging folder from a killed one's (remove_stale_staging)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-{os.getpid()}-", dir=final.parent))
         staging.chmod(0o755)  # mkdtemp makes it private; what lands in final is meant to be shared
     else:
         staging = final.parent / name
@@ -147,28 +146,36 @@ def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     return [(step, folder) for step, folder in reversed(found) if step is not None]
 
 
-def adapter_weights_problem(adapter_dir: str | os.PathLike) -> str | None:
-    """Why the adapter's weights file cannot be used (missing, truncated), or None when it opens.
-
-    Only the header is read: safetensors refuses a file whose size does not match its header.
+def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
+    """Why the LoRA adapter in ``adapter_dir`` cannot be used, or None when it is sound: no ``adapter_config.json``,
+    a weights file that is missing or does not load (safetensors refuses a file whose size does not match its
+    header), or NaN/inf weights or weights beyond ``MAX_ADAPTER_WEIGHT``: a NaN adapter would otherwise be exported
+    and "verified" (NaN compares false with any limit) or evaluated as a model.
     """
-    from safetensors import safe_open
+    import torch
+    from safetensors.torch import load_file
 
     path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+        return "no adapter_config.json"
     if not path.is_file():
         return f"{path} is missing"
     try:
-        with safe_open(str(path), framework="pt") as handle:
-            handle.keys()
+        tensors = load_file(str(path))
     except Exception as error:  # SafetensorError, OSError: a torn or foreign file
         return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
+    bad = sorted(name for name, tensor in tensors.items()
+                 if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()))
+    if bad:
+        return (f"the adapter in {adapter_dir} has NaN/inf weights or weights beyond {MAX_ADAPTER_WEIGHT:g} "
+                f"({len(bad)} tensor(s), e.g. {bad[0]}); training diverged")
     return None
 
 
 def checkpoint_problem(folder: Path) -> str | None:
     """Why ``folder`` cannot be resumed from, or None when it is complete.
 
-    Complete: a readable ``trainer_state.json`` (the Trainer writes it last), adapter weights that open, and the
+    Complete: a readable ``trainer_state.json`` (the Trainer writes it last), a sound adapter, and the
     optimizer and scheduler state (or DeepSpeed's ``global_step*/``); without those the Trainer would silently start
     a fresh optimizer and restart the learning-rate schedule.
     """
@@ -178,7 +185,7 @@ def checkpoint_problem(folder: Path) -> str | None:
         return "no trainer_state.json (killed while saving?)"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return "trainer_state.json is torn (not valid JSON)"
-    if problem := adapter_weights_problem(folder):
+    if problem := adapter_problem(folder):
         return problem
     if not any(path.is_dir() for path in folder.glob("global_step*")):
         for name, what in (("optimizer.pt", "optimizer"), ("scheduler.pt", "learning-rate scheduler")):
@@ -188,7 +195,6 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    """The complete ``checkpoint-N`` with the highest N, or None."""
     return next((folder for _, folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
 
 
@@ -302,8 +308,7 @@ def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Pat
     the adapter is missing (killed between the last checkpoint and the adapter write) or cannot be read (a torn
     file: set aside, never deleted); then it is written again from that checkpoint, which holds the same weights."""
     adapter = run_dir / "adapter"
-    problem = "it is missing" if not (adapter / "adapter_config.json").is_file() else adapter_weights_problem(adapter)
-    if is_main and problem:
+    if is_main and (problem := adapter_problem(adapter)):
         aside = set_aside(adapter, prefix="damaged-")
         warnings.warn(f"{adapter}: {problem}" + (f" (moved to {aside.name})" if aside else "") + f"; written again "
                       f"from {checkpoint.name}, the run's last checkpoint.", stacklevel=2)

@@ -22,8 +22,6 @@ from grpo_kit.errors import GrpoKitError
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What a finished run left behind and how it went."""
-
     run_dir: Path
     adapter_dir: Path
     metrics_path: Path
@@ -214,7 +212,6 @@ def cli_train(args) -> int:
 
 
 def _curriculum_from_args(args):
-    """A ``Curriculum`` from ``--curriculum``/``--curriculum-order``/``--zero-variance``, or None without a file."""
     if not args.curriculum:
         if args.curriculum_order or args.zero_variance:
             raise GrpoKitError("--curriculum-order and --zero-variance need the scores file: --curriculum "

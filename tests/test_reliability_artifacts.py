@@ -196,9 +196,9 @@ def test_sigkilled_export_leaves_nothing_that_looks_complete(shared, tmp_path):
 
 
 def test_staging_of_a_live_export_is_left_alone(tmp_path):
-    from grpo_kit.runs import remove_stale_staging, staging_prefix
+    from grpo_kit.runs import remove_stale_staging
 
-    live = tmp_path / (staging_prefix("x") + "abc")  # this process: alive
+    live = tmp_path / f".x.partial-{os.getpid()}-abc"  # this process: alive (as staged_dir names it)
     dead = tmp_path / ".x.partial-999999999-abc"  # no such pid
     other = tmp_path / ".xy.partial-999999999-abc"  # another export's name
     for folder in (live, dead, other):
