@@ -123,12 +123,12 @@ def choose_xformers(runtime: Runtime) -> tuple[str | None, str, bool]:
                   f"load with this CUDA {runtime.cuda_major} torch; Unsloth uses PyTorch attention instead."), True
 
 
-def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str, *, python: str = "python") -> Plan:
+def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -> Plan:
     """The pip commands for ``runtime``: the GPU stack from ``requirements`` on a CUDA GPU, the CPU kit otherwise.
 
     On a GPU, torch is pinned to the exact build installed, so pip never swaps Colab's build for another (a 1-2 GB
     download, a restart, maybe another CUDA line); vLLM and xformers are chosen to match it."""
-    pip = (python, "-m", "pip", "install", "-q")
+    pip = (sys.executable, "-m", "pip", "install", "-q")
     if runtime.torch is None or runtime.cuda is None or runtime.capability is None:
         why = "no CUDA GPU in this runtime" if runtime.torch else "no torch in this runtime"
         return Plan(commands=((*pip, repo_dir, *(() if runtime.torch else ("torch",))),
@@ -141,7 +141,7 @@ def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str, *
     chosen += [line for line in (xformers, f"vllm=={vllm}" if vllm else None) if line]
     commands = [(*pip, *chosen), (*pip, "--no-deps", repo_dir, EMBEDDED_MODEL)]
     if remove_xformers:
-        commands.append((python, "-m", "pip", "uninstall", "-q", "-y", "xformers"))
+        commands.append((sys.executable, "-m", "pip", "uninstall", "-q", "-y", "xformers"))
     gpu = f"GPU {runtime.gpu or '?'} (sm{runtime.capability[0]}{runtime.capability[1]})"
     reasons = (f"{gpu}, torch {runtime.torch} (CUDA {runtime.cuda}): kept as installed.", vllm_reason, xformers_reason)
     return Plan(commands=tuple(commands), reasons=reasons, vllm=vllm, requirements=tuple(chosen))
@@ -155,11 +155,7 @@ def loaded_distributions(modules: Iterable[str] | None = None) -> dict[str, str]
 
 
 def changed_distributions(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
-    """Distributions imported before the install whose version on disk changed (or vanished): those need a restart.
-
-    >>> changed_distributions({"numpy": "2.0.2", "ipython": "8.0"}, {"numpy": "2.3.1", "ipython": "8.0"})
-    ['numpy 2.0.2 -> 2.3.1']
-    """
+    """Distributions imported before the install whose version on disk changed (or vanished): those need a restart."""
     return [f"{name} {version} -> {after.get(name, 'removed')}" for name, version in sorted(before.items())
             if after.get(name) != version]
 
@@ -173,9 +169,9 @@ def restart_message(changed: Sequence[str], colab: bool) -> str:
             f"on disk. {how}, then run the notebook again from the top (this cell will then skip the install).")
 
 
-def probe_runtime(python: str = sys.executable, run: Callable = subprocess.run) -> Runtime:
+def probe_runtime(run: Callable = subprocess.run) -> Runtime:
     """Ask a child process what torch and GPU this runtime has (this process does not import torch)."""
-    out = run([python, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    out = run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
     info = json.loads(out.strip().splitlines()[-1])  # the last line: anything above it is a warning torch printed
     capability = tuple(info["capability"]) if info.get("capability") else None
     return Runtime(torch=info.get("torch"), cuda=info.get("cuda"), capability=capability, gpu=info.get("gpu"))
@@ -188,8 +184,7 @@ def install(repo_dir: str, *, loaded: Iterable[str] | None = None, colab: bool =
     ``loaded``: the top-level modules the notebook's kernel has imported (it passes them, since this runs in a child
     process); a restart is needed only when the install changed one of their distributions. ``colab`` words it.
     """
-    plan = plan_install(probe_runtime(run=run), read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir,
-                        python=sys.executable)
+    plan = plan_install(probe_runtime(run=run), read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir)
     say(plan.explain())
     if dry_run:
         return plan

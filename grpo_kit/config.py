@@ -7,12 +7,6 @@ no field for (prompt format, reward names, the hardware tier). The values go thr
 ``HfArgumentParser`` exactly as command-line flags would, so types and choices are TRL's, and building the
 ``GRPOConfig`` runs TRL's own checks (the batch rule among them) — no model is loaded for that.
 
-    >>> r = load_recipe("t4-16gb")
-    >>> r.model.model_name_or_path, r.grpo.num_generations, r.prompts_per_step
-    ('unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit', 4, 1)
-    >>> load_recipe("cpu", lora_r=8).model.lora_r
-    8
-
 One override route: ``load_recipe(name, **changes)`` or ``recipe.replace(**changes)`` in code, ``--set KEY=VALUE`` on
 the command line. A value the user sets is never changed behind their back: where the kit needs a value (bf16 off on a
 CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a recipe that contradicts it.
@@ -129,11 +123,7 @@ def load_recipe(name_or_path: str | os.PathLike, **changes: Any) -> Recipe:
 
 
 def parse_set(pairs: list[str]) -> dict[str, Any]:
-    """``--set`` arguments as changes; values are read as JSON where they parse, else kept as text.
-
-    >>> parse_set(["beta=0.04", "model_name_or_path=org/name", "use_vllm=true", "reward_funcs=correctness,format"])
-    {'beta': 0.04, 'model_name_or_path': 'org/name', 'use_vllm': True, 'reward_funcs': 'correctness,format'}
-    """
+    """``--set`` arguments as changes; values are read as JSON where they parse, else kept as text."""
     out: dict[str, Any] = {}
     for pair in pairs:
         key, sep, raw = pair.partition("=")

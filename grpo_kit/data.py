@@ -5,10 +5,6 @@ checked row by row, and turned into think/answer prompts.
 string from ``answers.normalize_number``: ``"1080"``, ``"-5"``, ``"0.5"``) and ``solution`` (the original answer
 text, ending in its ``#### N`` line). A bad row never turns into silently wrong data: it raises ``GrpoKitError``
 naming the file and line/row or, with ``lenient=True``, is skipped, counted and announced with ``warnings.warn``.
-
->>> ds = load_gsm8k("sample", "test")
->>> ds.column_names, ds[0]["answer"]
-(['question', 'answer', 'solution'], '8')
 """
 
 from __future__ import annotations
@@ -82,8 +78,7 @@ def load_gsm8k(source: str = "gsm8k", split: str = "train", *, lenient: bool = F
 def _records(source: str, split: str):
     """(label, iterator of (where, record or exception)) for a source name or a local path."""
     if source in ("gsm8k", "sample", *ARITHMETIC_SOURCES) and split not in ("train", "test"):
-        name = {"gsm8k": "GSM8K", "sample": "The bundled sample"}.get(source, f"The {source} set")
-        raise GrpoKitError(f"{name} has splits 'train' and 'test', not {split!r}.")
+        raise GrpoKitError(f"The {source!r} data has splits 'train' and 'test', not {split!r}.")
     if source == "gsm8k":
         return f"GSM8K ({HUB_DATASET}, split {split!r})", _hub_records(split)
     if source == "sample":
@@ -145,8 +140,7 @@ def _to_dataset(rows: list[dict], label: str):
     from datasets import Dataset, DatasetInfo, Features, Value
 
     features = Features({"question": Value("string"), "answer": Value("string"), "solution": Value("string")})
-    columns = {name: [row[name] for row in rows] for name in features}
-    return Dataset.from_dict(columns, features=features, info=DatasetInfo(description=label, features=features))
+    return Dataset.from_list(rows, features=features, info=DatasetInfo(description=label, features=features))
 
 
 # ---------------------------------------------------------------------------------------------------------- gold
@@ -408,25 +402,17 @@ def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, steps: int | None = N
 
 
 def arithmetic_key(solution: str) -> str:
-    """The calculations of a synthetic solution (its ``<<...>>`` annotations): equal keys = the same arithmetic.
-
-    >>> arithmetic_key("Ava has 3 + 4 = <<3+4=7>>7 apples.\\n#### 7")
-    '3+4=7'
-    """
+    """The calculations of a synthetic solution (its ``<<...>>`` annotations): equal keys = the same arithmetic."""
     return ";".join(re.findall(r"<<(.*?)>>", solution)) or solution
 
 
 def _arithmetic_records(split: str, steps: int | None):
-    """Train: 256 problems from seed 0. Test: problems from seed 1 not in train: for the mix, 64 whose question
-    differs; for one kind (``steps``), ``ARITHMETIC_KIND_TEST_SIZE`` whose calculations differ too."""
+    """Train: 256 problems from seed 0. Test: problems from seed 1 whose calculations are not in train (so neither
+    are their questions): 64 for the mix, ``ARITHMETIC_KIND_TEST_SIZE`` for one kind (``steps``)."""
     rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0, steps=steps).to_list()
-    if split == "test" and steps is not None:
-        seen = [row["solution"] for row in rows]
-        rows = make_arithmetic_dataset(ARITHMETIC_KIND_TEST_SIZE, seed=1, steps=steps, exclude=seen).to_list()
-    elif split == "test":
-        seen = {row["question"] for row in rows}
-        fresh = make_arithmetic_dataset(ARITHMETIC_SIZES["test"] * 2, seed=1).to_list()
-        rows = [row for row in fresh if row["question"] not in seen][: ARITHMETIC_SIZES["test"]]
+    if split == "test":
+        size = ARITHMETIC_KIND_TEST_SIZE if steps else ARITHMETIC_SIZES["test"]
+        rows = make_arithmetic_dataset(size, seed=1, steps=steps, exclude=[row["solution"] for row in rows]).to_list()
     return ((f"row {index}", {"question": r["question"], "answer": r["solution"]}) for index, r in enumerate(rows, 1))
 
 

@@ -7,10 +7,6 @@ the answer follow ``grpo_kit.answers``; rewards that judge the format check the 
 lowercase, ``</answer>`` written (vLLM: ``include_stop_str_in_output=True``). math-verify is deliberately not used:
 GSM8K gold answers are plain numbers, and its sympy parsing is slow and needs ``signal.alarm`` timeouts that fail
 outside the main thread. Every check is linear in the text length (``str.find``/``str.count``, no backtracking).
-
->>> good = "<think>\\n48 / 2 = 24, 48 + 24 = 72\\n</think>\\n<answer>\\n72\\n</answer>"
->>> REWARDS["correctness"]([good, "<answer>71</answer>"], answer=["72", "72"])
-[2.0, 0.0]
 """
 
 from __future__ import annotations
@@ -153,11 +149,7 @@ def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
     """CPU recipe: 0.25 per ``</think>``, ``<answer>``, ``</answer>`` seen once, +0.25 for an answer block after ``</think>``
 
     With ``<think>\\n`` prefilled each step toward the format earns something, so a 135M model's first attempts
-    already differ in reward (GRPO needs that variance to learn).
-
-    >>> tag_progress_reward(["a</think><answer>7</answer>", "a</think>", "nothing"], prefill=["<think>\\n"] * 3)
-    [1.0, 0.25, 0.0]
-    """
+    already differ in reward (GRPO needs that variance to learn)."""
     scores = []
     for text in _texts(completions, prefill):
         think_close = text.find(THINK_CLOSE)

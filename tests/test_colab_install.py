@@ -82,6 +82,7 @@ def test_no_gpu_installs_the_cpu_kit_only():
 
 def test_restart_only_when_an_imported_package_changed():
     assert colab_install.changed_distributions({"numpy": "2.0.2"}, {"numpy": "2.0.2"}) == []
+    assert colab_install.changed_distributions({"numpy": "2.0.2", "ipython": "8"}, {"ipython": "8"}) == ["numpy 2.0.2 -> removed"]
     assert "RESTART NEEDED" not in colab_install.restart_message([], colab=True)
     message = colab_install.restart_message(["numpy 2.0.2 -> 2.3.1"], colab=True)
     assert "numpy 2.0.2 -> 2.3.1" in message and "Runtime > Restart session" in message

@@ -125,7 +125,7 @@ def test_old_knob_flags_are_refused_with_their_set_spelling(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--preset", "cpu", "--max-steps", "3", "--learning_rate=1e-5"])
     assert "--set max_steps=3 --set learning_rate=1e-5" in capsys.readouterr().err
-    assert set_hint(["--x"]) == ". Recipe fields change with --set: --set x=VALUE"
+    assert set_hint(["--x", "--output-dir", "r1"]) == ". Recipe fields change with --set: --set x=VALUE --output r1"
 
 
 def test_cli_set_output_dir_is_refused_in_favour_of_output(capsys):
