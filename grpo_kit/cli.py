@@ -89,7 +89,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="evaluate the first N questions (after a seeded shuffle)")
     p.add_argument("--seed", type=int, default=0, help="shuffle seed for --limit")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
-    p.add_argument("--maj", type=int, default=0, metavar="K", help="also report maj@K with K sampled answers")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
     p.add_argument("--harness", metavar="TASK", help="run lm-evaluation-harness's gsm8k or gsm8k_cot task instead of "
@@ -152,11 +151,7 @@ def _terminated(signum, frame) -> None:
 
 
 def set_hint(extra: list[str]) -> str:
-    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (the one command-line override route).
-
-    >>> set_hint(["--max-steps", "3", "--learning_rate=1e-5", "--output-dir", "r1"])
-    '. Recipe fields change with --set: --set max_steps=3 --set learning_rate=1e-5 --output r1'
-    """
+    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (the one command-line override route)."""
     hints = []
     for i, token in enumerate(extra):
         if token.startswith("--"):

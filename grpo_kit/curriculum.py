@@ -42,10 +42,7 @@ def _choice(value: str, table: tuple, what: str) -> str:
 def final_number(text: str) -> str | None:
     """The number a completion ends on: the ``<answer>`` block if it holds a number, else the last one; normalized."""
     tagged = normalize_number(extract_tagged_answer(text) or "")
-    if tagged is not None:
-        return tagged
-    last = extract_last_number(text)
-    return normalize_number(last) if last is not None else None
+    return tagged if tagged is not None else normalize_number(extract_last_number(text) or "")
 
 
 def answer_clusters(answers: Sequence[str | None]) -> list[tuple[str | None, int]]:
@@ -55,10 +52,8 @@ def answer_clusters(answers: Sequence[str | None]) -> list[tuple[str | None, int
 
 
 def answer_entropy(answers: Sequence[str | None]) -> float:
-    """Entropy (nats) of the answer-cluster shares: ``-sum_c p_c ln p_c`` with ``p_c = count_c / M``."""
+    """Entropy (nats) of the answer-cluster shares: ``-sum_c p_c ln p_c`` with ``p_c = count_c / M`` (0 for no answers)."""
     total = len(answers)
-    if total == 0:
-        return 0.0
     return -sum(n / total * math.log(n / total) for _, n in answer_clusters(answers)) + 0.0  # + 0.0: no -0.0
 
 
@@ -199,22 +194,6 @@ class Curriculum:
 
 # --------------------------------------------------------------------------------------------- grpo-kit curriculum
 
-def sample_answers(model, tokenizer, prompts: Sequence, *, samples: int, max_new_tokens: int,
-                   temperature: float = 1.0, batch_size: int = 4, seed: int = 0, progress: bool = True) -> list[list[str]]:
-    """``samples`` completion texts per prompt from the kit's generate loop (``evaluate.generate_hf``) at
-    ``temperature``, seeded so a rerun draws the same answers; message-list prompts rendered as TRL renders them."""
-    import torch
-
-    from grpo_kit.data import render_prompt
-    from grpo_kit.evaluate import generate_hf
-
-    torch.manual_seed(seed)
-    texts = [p if isinstance(p, str) else render_prompt(p, tokenizer) for p in prompts]
-    groups = generate_hf(model, tokenizer, texts, max_new_tokens=max_new_tokens, batch_size=batch_size,
-                         num_samples=samples, temperature=temperature, progress=progress, desc="sampling")
-    return [[text for text, _ in group] for group in groups]
-
-
 def score_dataset(dataset, completions: Sequence[Sequence[str]], *, rewards) -> list[PromptScore]:
     """Score each row of a ``format_for_grpo`` dataset from its sampled ``completions``: each one's final number (read
     after the prefill, as the rewards read it) and reward total as TRL sums it, ``sum_k w_k f_k`` over the
@@ -241,7 +220,8 @@ def cli_curriculum(args) -> int:
     """``grpo-kit curriculum``: sample ``--samples`` answers per training question as the recipe would in training
     (model, prompt format, completion length, temperature, rewards; ``--set`` changes them), write the scores."""
     from grpo_kit.config import load_recipe, parse_set
-    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.data import format_for_grpo, load_gsm8k, render_prompt
+    from grpo_kit.evaluate import generate
     from grpo_kit.models import load_inference_model, set_torch_threads
 
     if args.samples < 2:
@@ -254,9 +234,11 @@ def cli_curriculum(args) -> int:
     model, tokenizer = load_inference_model(recipe.model.model_name_or_path, args.adapter)
     formatted, _ = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
                                    max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
-    completions = sample_answers(model, tokenizer, formatted["prompt"], samples=args.samples, seed=g.seed,
-                                 max_new_tokens=g.max_completion_length, temperature=g.temperature)
-    scores = score_dataset(formatted, completions, rewards=recipe.rewards)
+    # The kit's generate loop, seeded so a rerun draws the same answers; message lists rendered as TRL renders them.
+    prompts = [p if isinstance(p, str) else render_prompt(p, tokenizer) for p in formatted["prompt"]]
+    groups = generate(model, tokenizer, prompts, max_new_tokens=g.max_completion_length, batch_size=4,
+                      num_samples=args.samples, temperature=g.temperature, seed=g.seed, desc="sampling")
+    scores = score_dataset(formatted, [[text for text, _ in group] for group in groups], rewards=recipe.rewards)
     write_scores(out, scores)
     accuracies = [s.accuracy for s in scores if s.accuracy is not None]
     print(json.dumps({"questions": len(scores), "mean_entropy": round(statistics.fmean(s.entropy for s in scores), 4),

@@ -44,7 +44,7 @@ TASKS = {
 
 
 def run_demo(*, task: str = "format", max_steps: int | None = None, output_dir: str | None = None,
-             evaluate_model: bool = True, export_adapter: bool = True, print_fn=print) -> dict:
+             evaluate_model: bool = True, export_adapter: bool = True) -> dict:
     """Run the whole demo for ``task`` (``TASKS``); returns the train result, the eval results and the export results."""
     from grpo_kit.config import load_recipe
     from grpo_kit.data import load_gsm8k
@@ -60,49 +60,42 @@ def run_demo(*, task: str = "format", max_steps: int | None = None, output_dir: 
     recipe = load_recipe(spec.recipe, **({} if max_steps is None else {"max_steps": max_steps}))
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path(output_dir or Path("runs") / f"demo-{stamp}")
-    print_fn(f"grpo-kit demo --task {task}: GRPO teaches {spec.what}")
-    print_fn(f"recipe {recipe.name!r} ({EMBEDDED_ID}), {recipe.grpo.max_steps} GRPO steps on {threads} CPU threads")
-    print_fn(f"run folder: {run_dir}\n")
+    print(f"grpo-kit demo --task {task}: GRPO teaches {spec.what}")
+    print(f"recipe {recipe.name!r} ({EMBEDDED_ID}), {recipe.grpo.max_steps} GRPO steps on {threads} CPU threads")
+    print(f"run folder: {run_dir}\n")
     outcome: dict = {"run_dir": run_dir}
     held_out = load_gsm8k(spec.data, split="test", limit=spec.eval_questions, seed=0) if evaluate_model else None
     settings = dict(max_new_tokens=spec.eval_tokens, batch_size=16, few_shot=recipe.kit.few_shot,
                     prefill=recipe.kit.prefill, seed=recipe.grpo.seed)  # one batch: on a CPU a wider one costs little
 
     if evaluate_model:
-        print_fn(f"[1/4] before: evaluating the base model on {len(held_out)} held-out {spec.data} questions")
+        print(f"[1/4] before: evaluating the base model on {len(held_out)} held-out {spec.data} questions")
         outcome["before"] = evaluate(*load_inference_model(EMBEDDED_ID), held_out, **settings)
 
-    print_fn(f"[2/4] training: {recipe.grpo.max_steps} steps x {recipe.prompts_per_step} question(s) x "
-             f"{recipe.grpo.num_generations} completions, on {spec.data}")
+    print(f"[2/4] training: {recipe.grpo.max_steps} steps x {recipe.prompts_per_step} question(s) x "
+          f"{recipe.grpo.num_generations} completions, on {spec.data}")
     result = outcome["train"] = train(recipe, data=spec.data, output_dir=run_dir)
     outcome["plot"] = plot_metrics(result.metrics_path, run_dir / "plots" / "rewards.png")
-    print_fn("\n" + first_vs_last_table(result.history) + f"\nreward plot: {outcome['plot']}\n")
+    print("\n" + first_vs_last_table(result.history) + f"\nreward plot: {outcome['plot']}\n")
 
     if evaluate_model:
-        print_fn("[3/4] after: the same held-out questions with the trained adapter")
+        print("[3/4] after: the same held-out questions with the trained adapter")
         outcome["after"] = evaluate(*load_inference_model(EMBEDDED_ID, result.adapter_dir), held_out, **settings)
-        print_fn(compare(outcome["before"], outcome["after"]))  # with the paired 95 % intervals: same questions
+        print(compare(outcome["before"], outcome["after"]))  # with the paired 95 % intervals: same questions
         for name in ("before", "after"):
             outcome[name].save(run_dir / "eval" / f"{name}.json")  # the export's model card reports them
 
     if export_adapter:
-        print_fn("[4/4] export: adapter -> exports/, verified by reloading it")
+        print("[4/4] export: adapter -> exports/, verified by reloading it")
         outcome["exports"] = export(result.adapter_dir, ("lora",), out_dir="exports", name=f"demo-{stamp}")
         for item in outcome["exports"]:
-            print_fn(f"  {item}")
-    print_fn(f"\ndemo finished in {time.time() - started:.0f} s")
+            print(f"  {item}")
+    print(f"\ndemo finished in {time.time() - started:.0f} s")
     return outcome
 
 
 def first_vs_last_table(history: list[dict], window: int = 3) -> str:
-    """Mean reward and format rate over the first and the last ``window`` logged steps, side by side.
-
-    >>> print(first_vs_last_table([{"step": 1, "reward": 0.1, "format_rate": 0.0},
-    ...                            {"step": 2, "reward": 0.9, "format_rate": 1.0}], window=1))
-    metric         first 1 steps   last 1 steps
-    reward                 0.100          0.900
-    format_rate            0.000          1.000
-    """
+    """Mean reward and format rate over the first and the last ``window`` logged steps, side by side."""
     from grpo_kit.callbacks import reward_first_last
 
     logged = sum(1 for row in history if isinstance(row.get("reward"), (int, float)))

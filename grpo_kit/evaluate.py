@@ -17,16 +17,14 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
+from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
 
-MAJ_TEMPERATURE = 0.7  # maj@k samples at this temperature; pass@1 is greedy
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
 #: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
 PINNED_GENERATION = {"num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
@@ -42,11 +40,7 @@ def _write_json(path: str | os.PathLike, data: dict) -> Path:
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Metrics of one evaluation (fractions in 0..1) plus per-question ``rows`` (saved beside it as ``.jsonl``).
-
-    >>> EvalResult(0.25, 0.5, 0.75, 40.0, n=4, seed=0, protocol="toy").summary()
-    'strict 25.0 % | lenient 50.0 % | format 75.0 % | 40 tokens | n=4'
-    """
+    """Metrics of one evaluation (fractions in 0..1) plus per-question ``rows`` (saved beside it as ``.jsonl``)."""
 
     accuracy_strict: float
     accuracy_lenient: float
@@ -56,10 +50,6 @@ class EvalResult:
     seed: int
     protocol: str
     label: str = ""
-    maj_k: int = 0
-    maj_accuracy_strict: float | None = None
-    maj_accuracy_lenient: float | None = None
-    seconds: float = 0.0
     rows: tuple[dict, ...] = field(default=(), repr=False, compare=False)
 
     def to_dict(self) -> dict:
@@ -71,18 +61,9 @@ class EvalResult:
         path.with_suffix(".jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows), encoding="utf-8")
         return path
 
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> EvalResult:
-        rows = Path(path).with_suffix(".jsonl")
-        lines = rows.read_text(encoding="utf-8").splitlines() if rows.is_file() else []
-        return cls(**json.loads(Path(path).read_text(encoding="utf-8")), rows=tuple(json.loads(x) for x in lines if x.strip()))
-
     def summary(self) -> str:
-        line = (f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
+        return (f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
                 f"{100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}")
-        if not self.maj_k:
-            return line
-        return line + f" | maj@{self.maj_k} strict {100 * self.maj_accuracy_strict:.1f} % lenient {100 * self.maj_accuracy_lenient:.1f} %"
 
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
@@ -95,14 +76,6 @@ def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
     return {"extracted_strict": extract_tagged_answer(text), "extracted_lenient": lenient,
             "correct_strict": scores["correctness"] > 0, "correct_lenient": answers_match(lenient, gold),
             "in_format": scores["format"] > 0}
-
-
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """Most common normalized number (None and unreadable answers ignored; ties: first seen).
-    """
-    numbers = [n for n in (normalize_number(a) for a in answers if a is not None) if n is not None]
-    counts = Counter(numbers)
-    return next((n for n in numbers if counts[n] == max(counts.values())), None)
 
 
 def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "",
@@ -127,18 +100,27 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def generate_hf(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
-                num_samples: int = 1, temperature: float | None = None, progress: bool = True,
-                desc: str = "generating", streamer=None) -> list[list[tuple[str, int]]]:
-    """The kit's one transformers generate loop: per prompt, ``num_samples`` ``(completion_text, n_tokens)``.
+def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
+             num_samples: int = 1, temperature: float | None = None, seed: int = 0, progress: bool = True,
+             desc: str = "generating", streamer=None) -> list[list[tuple[str, int]]]:
+    """The kit's one generate loop: per prompt, ``num_samples`` ``(completion_text, n_tokens)``, seeded by ``seed``.
 
-    Left padding; greedy when ``temperature`` is None, else plain temperature sampling (``PINNED_GENERATION``).
-    ``n_tokens`` counts up to and including the first stop token. Dropout is off while it generates.
+    A model with Unsloth's vLLM engine generates there, with its active LoRA adapter (``engine_lora_request``). Any other
+    through transformers: left padding; greedy when ``temperature`` is None, else plain temperature sampling
+    (``PINNED_GENERATION``); ``n_tokens`` counts up to and including the first stop token; dropout off meanwhile.
     """
     import torch
     from tqdm.auto import tqdm
     from transformers import GenerationConfig
 
+    if _use_vllm(model):
+        from vllm import SamplingParams  # GPU only
+
+        params = SamplingParams(n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
+        with engine_lora_request(model) as request:  # the engine holds the base weights: add the adapter
+            outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=request, use_tqdm=False)
+        return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
+    torch.manual_seed(seed)
     stops = stop_token_ids(model, tokenizer)
     config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
                               max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
@@ -163,10 +145,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int
 
 
 def _use_vllm(model) -> bool:
-    """True for an Unsloth model loaded with ``fast_inference=True`` (it carries a vLLM engine) on a GPU."""
-    import torch
-
-    return torch.cuda.is_available() and hasattr(model, "fast_generate") and getattr(model, "vllm_engine", None) is not None
+    """True for an Unsloth model loaded with ``fast_inference=True``: it carries a vLLM engine (only ever on a GPU)."""
+    return hasattr(model, "fast_generate") and getattr(model, "vllm_engine", None) is not None
 
 
 @contextlib.contextmanager
@@ -176,11 +156,11 @@ def engine_lora_request(model):
     The engine holds only the base weights (it shares them with the trainer), so a ``fast_generate`` call without a
     request scores the base model. Unsloth's ``load_lora(folder, load_tensors=True)`` reads the adapter's live
     tensors (as its GRPO trainer does) and writes only ``adapter_config.json`` into a temporary folder, kept until
-    generation ends. No engine, or no active adapter (no LoRA, or inside ``disable_adapter()``): None, the base model.
+    generation ends. No active adapter (no LoRA, or inside ``disable_adapter()``): None, the base model.
     """
     from peft.tuners.tuners_utils import BaseTunerLayer
 
-    if not _use_vllm(model) or not any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in model.modules()):
+    if not any(isinstance(m, BaseTunerLayer) and not m.disable_adapters for m in model.modules()):
         yield None
         return
     if getattr(model, "load_lora", None) is None:
@@ -191,70 +171,37 @@ def engine_lora_request(model):
         yield model.load_lora(folder, load_tensors=True)
 
 
-def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, num_samples: int = 1,
-             temperature: float | None = None, seed: int = 0, lora_request=None, **hf_options) -> list[list[tuple[str, int]]]:
-    """``generate_hf`` (``hf_options`` go there), or the model's vLLM engine with ``lora_request`` when it has one."""
-    if not _use_vllm(model):
-        return generate_hf(model, tokenizer, prompts, max_new_tokens=max_new_tokens, num_samples=num_samples,
-                           temperature=temperature, **hf_options)
-    from vllm import SamplingParams  # GPU only
-
-    params = SamplingParams(n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
-    outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=lora_request, use_tqdm=False)
-    return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
-
-
 # ------------------------------------------------------------------------------------------------ evaluate
 
 
-def evaluate(model, tokenizer, dataset, *, max_new_tokens: int = 256, batch_size: int = 8, maj_k: int = 0,
-             few_shot: int = 0, prefill: str = "", system_prompt: str | None = None, seed: int = 0,
-             progress: bool = True, label: str = "") -> EvalResult:
-    """Greedy pass@1 (and maj@``maj_k`` when > 0) of ``model`` on ``dataset`` (``question``/``answer`` columns).
+def evaluate(model, tokenizer, dataset, *, max_new_tokens: int = 256, batch_size: int = 8, few_shot: int = 0,
+             prefill: str = "", system_prompt: str | None = None, seed: int = 0, progress: bool = True,
+             label: str = "") -> EvalResult:
+    """Greedy pass@1 of ``model`` on ``dataset`` (``question``/``answer`` columns; ``seed``: the one it was drawn with).
 
     About 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
     """
-    import torch
-
     for column in ("question", "answer"):
         if column not in dataset.column_names:
             raise GrpoKitError(f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}.")
-    if len(dataset) == 0 or maj_k < 0 or max_new_tokens < 1:
-        raise GrpoKitError(f"evaluate needs questions, maj_k >= 0 and max_new_tokens >= 1 (got {len(dataset)} questions, "
-                           f"{maj_k}, {max_new_tokens}); load some with load_gsm8k('sample', 'test').")
+    if len(dataset) == 0:
+        raise GrpoKitError("evaluate got no questions; load some with load_gsm8k('sample', 'test').")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
     prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill, system_prompt=system_prompt)
-    started = time.time()
-    torch.manual_seed(seed)
-    options = dict(max_new_tokens=max_new_tokens, seed=seed, progress=progress)
-    with engine_lora_request(model) as request:  # one adapter load for greedy and maj@k
-        greedy = generate(model, tokenizer, prompts, lora_request=request, batch_size=batch_size,
-                          desc=f"eval {label}".strip(), **options)
-        samples = generate(model, tokenizer, prompts, lora_request=request, batch_size=max(1, batch_size // max(maj_k, 1)),
-                           num_samples=maj_k, temperature=MAJ_TEMPERATURE, desc=f"maj@{maj_k} {label}".strip(),
-                           **options) if maj_k else None
-    rows = []
-    for i, (question, gold) in enumerate(zip(questions, golds, strict=True)):
-        completion, n_tokens = greedy[i][0]
-        row = {"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens,
-               **_score_row(completion, gold, prefill)}
-        for kind, read in (("strict", extract_tagged_answer), ("lenient", extract_last_number)) if maj_k else ():
-            vote = majority_vote([read(prefill + text) for text, _ in samples[i]])
-            row.update({f"maj_{kind}": vote, f"maj_correct_{kind}": answers_match(vote, gold)})
-        rows.append(row)
+    greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
+                      desc=f"eval {label}".strip())
+    rows = [{"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens,
+             **_score_row(completion, gold, prefill)}
+            for question, gold, [(completion, n_tokens)] in zip(questions, golds, greedy, strict=True)]
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     protocol = (
         f"{getattr(getattr(dataset, 'info', None), 'description', '') or 'GSM8K-format questions'}, n={len(rows)} "
         f"(seed {seed}); chat prompt: {'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
         f"few_shot={few_shot}, prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; strict = number "
         "inside the last <answer></answer>, lenient = last number in the text, both normalized and compared exactly "
-        "(grpo_kit.answers)" + (f"; maj@{maj_k}: {maj_k} samples at temperature {MAJ_TEMPERATURE}, majority over "
-                                "normalized numbers" if maj_k else ""))
+        "(grpo_kit.answers)")
     return EvalResult(mean("correct_strict"), mean("correct_lenient"), mean("in_format"), mean("completion_tokens"),
-                      n=len(rows), seed=seed, protocol=protocol, label=label, maj_k=maj_k,
-                      maj_accuracy_strict=mean("maj_correct_strict") if maj_k else None,
-                      maj_accuracy_lenient=mean("maj_correct_lenient") if maj_k else None,
-                      seconds=round(time.time() - started, 2), rows=tuple(rows))
+                      n=len(rows), seed=seed, protocol=protocol, label=label, rows=tuple(rows))
 
 
 def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset, **kwargs) -> tuple[EvalResult, EvalResult]:
@@ -275,10 +222,7 @@ def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset
 
 
 def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """95 % Wilson score interval (right at small n and near 0 or 1, where p ± z·se fails).
-    """
-    if n < 1 or not 0 <= successes <= n:
-        raise GrpoKitError(f"wilson needs 0 <= successes <= n and n >= 1, got {successes} of {n}.")
+    """95 % Wilson score interval (right at small n and near 0 or 1, where p ± z·se fails)."""
     p, z2 = successes / n, z * z
     centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
     return max(0.0, centre - half), min(1.0, centre + half)
@@ -316,8 +260,7 @@ class PairedDifference:
 
 
 def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDifference:
-    """Change in accuracy between two scorings of the same questions (``before[i]`` and ``after[i]`` pair up).
-    """
+    """Change in accuracy between two scorings of the same questions (``before[i]`` and ``after[i]`` pair up)."""
     if len(before) != len(after) or not before:
         raise GrpoKitError(f"paired_difference needs the same questions scored twice: got {len(before)} and "
                            f"{len(after)} results. Evaluate both models on the same held-out set.")
@@ -338,11 +281,9 @@ def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDi
 
 def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
     """Side-by-side table of two results, the paired strict-accuracy statistics when both hold rows for the same
-    questions, and the protocol.
-    """
+    questions, and the protocol."""
     rows = [("accuracy (strict)", "accuracy_strict"), ("accuracy (lenient)", "accuracy_lenient"),
             ("format rate", "format_rate"), ("mean length (tokens)", "mean_completion_tokens")]
-    rows += [(f"maj@{tuned.maj_k} ({k})", f"maj_accuracy_{k}") for k in ("strict", "lenient") if base.maj_k and tuned.maj_k]
     lines = [f"{'metric':<22}{names[0]:>10}{names[1]:>12}{'change':>9}"]
     for title, key in rows:
         left, right = getattr(base, key), getattr(tuned, key)
@@ -383,7 +324,6 @@ class HarnessResult:
     n: int
     protocol: str
     label: str = ""
-    seconds: float = 0.0
 
     def summary(self) -> str:
         return (f"{self.task}: strict-match {100 * self.strict_match:.1f} % | "
@@ -432,7 +372,7 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
                            f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness.") from error
     if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
         raise GrpoKitError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
-    cuda, started = torch.cuda.is_available(), time.time()
+    cuda = torch.cuda.is_available()
     lm = HFLM(pretrained=resolve_model_id(model), peft=str(adapter) if adapter else None,
               device="cuda" if cuda else "cpu", dtype="auto" if cuda else "float32", batch_size=batch_size)
     # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
@@ -448,7 +388,7 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
     protocol = (f"lm-evaluation-harness {lm_eval.__version__} task {task} ({prompt}), n={len(dataset)}, greedy, "
                 f"max_gen_toks={max_new_tokens}; strict-match = {strict}, flexible-extract = last number-like string; exact_match")
     return HarnessResult(task, float(row["exact_match,strict-match"]), float(row["exact_match,flexible-extract"]),
-                         len(dataset), protocol, label, round(time.time() - started, 2))
+                         len(dataset), protocol, label)
 
 
 # ------------------------------------------------------------------------------------------------ chat and the CLI
@@ -477,16 +417,13 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
     """
     from transformers import TextStreamer
 
-    if not question.strip():
-        return ""
     prompt = build_prompts([question], tokenizer, few_shot=few_shot, prefill=prefill, system_prompt=system_prompt)
     vllm = _use_vllm(model)
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream and not vllm else None
     if stream:
         print(prefill, end="", flush=True)
-    with engine_lora_request(model) as request:  # the engine holds base weights: add the adapter
-        text = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature,
-                        lora_request=request, progress=False, streamer=streamer)[0][0][0]
+    text = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, progress=False,
+                    streamer=streamer)[0][0][0]
     if stream and vllm:
         print(text, flush=True)
     return prefill + text
@@ -527,14 +464,12 @@ def cli_eval(args) -> int:
     from grpo_kit.data import load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
-    if min(args.batch_size, args.max_new_tokens) < 1 or args.maj < 0:
-        raise GrpoKitError(f"--batch-size and --max-new-tokens must be at least 1 and --maj at least 0 (got "
-                           f"{args.batch_size}, {args.max_new_tokens}, {args.maj}).")
-    set_torch_threads()
+    if min(args.batch_size, args.max_new_tokens) < 1:
+        raise GrpoKitError(f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, "
+                           f"{args.max_new_tokens}).")
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
-    if args.harness and args.maj:
-        raise GrpoKitError("--maj belongs to the kit's protocol; lm-eval's gsm8k tasks are greedy. Leave out --maj.")
+    set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = run_settings(args.model, args.adapter)
     runs = {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
@@ -545,7 +480,7 @@ def cli_eval(args) -> int:
                                           batch_size=args.batch_size) for name, adapter in runs.items()}
         print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
     else:
-        options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, maj_k=args.maj, seed=args.seed)
+        options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
         print(f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
               f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
         if args.compare:

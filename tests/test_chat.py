@@ -8,7 +8,7 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.evaluate import ask, build_prompts, generate_hf, run_settings
+from grpo_kit.evaluate import ask, build_prompts, generate, run_settings
 from grpo_kit.models import load_inference_model
 
 
@@ -27,7 +27,7 @@ def test_chat_answers_with_the_adapter_and_the_runs_prompt(run_adapter, tiny_mod
     model, tokenizer = load_inference_model(base, run_adapter)
     reply = ask(model, tokenizer, "What is 2 + 3?", max_new_tokens=6, **settings)
     prompt = build_prompts(["What is 2 + 3?"], tokenizer, **settings)[0]
-    expected = generate_hf(model, tokenizer, [prompt], max_new_tokens=6, progress=False)[0][0][0]
+    expected = generate(model, tokenizer, [prompt], max_new_tokens=6, progress=False)[0][0][0]
     assert reply == "<think>\n" + expected
     printed = capsys.readouterr().out
     assert printed.startswith("<think>\n") and expected.strip()[:5] in printed

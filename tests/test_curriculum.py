@@ -17,7 +17,6 @@ from grpo_kit.curriculum import (
     final_number,
     is_zero_variance,
     read_scores,
-    sample_answers,
     score_dataset,
     write_scores,
     zero_variance_filter,
@@ -297,27 +296,18 @@ def test_dropping_zero_variance_prompts_removes_zero_std_groups(tmp_path):
 
 
 @pytest.mark.slow
-def test_sampled_answers_are_m_per_prompt_seeded_and_drawn_by_the_shared_generate_loop(tiny_model_dir):
-    """M samples per prompt (string or messages), the same for the same seed, and the same draws as
-    ``evaluate.generate_hf`` whatever decoding defaults the model ships with."""
-    import torch
-
-    from grpo_kit.evaluate import generate_hf
+def test_sampled_answers_are_m_per_prompt_seeded_whatever_the_models_decoding_defaults(tiny_model_dir):
+    """``grpo-kit curriculum`` samples through ``evaluate.generate``: M samples per prompt, the same for the same seed,
+    whatever decoding defaults the model ships with."""
+    from grpo_kit.evaluate import generate
     from grpo_kit.models import load_inference_model
 
     model, tokenizer = load_inference_model(str(tiny_model_dir))
-    prompts = ["Hello", [{"role": "user", "content": "What is 2+2?"}]]
-    first = sample_answers(model, tokenizer, prompts, samples=3, max_new_tokens=6, batch_size=2, seed=3, progress=False)
+    options = dict(max_new_tokens=6, batch_size=2, num_samples=3, temperature=0.9, seed=3, progress=False)
+    first = [[text for text, _ in group] for group in generate(model, tokenizer, ["Hello", "Hi"], **options)]
     assert [len(group) for group in first] == [3, 3] and len(set(first[0])) > 1  # sampled, not greedy
-    assert sample_answers(model, tokenizer, prompts, samples=3, max_new_tokens=6, batch_size=2, seed=3,
-                          progress=False) == first
-    torch.manual_seed(3)
-    direct = generate_hf(model, tokenizer, ["Hello", "Hi"], max_new_tokens=6, batch_size=4, num_samples=2,
-                         temperature=0.9, progress=False)
     model.generation_config.num_beams, model.generation_config.typical_p = 2, 0.5  # a model's own defaults
-    drawn = sample_answers(model, tokenizer, ["Hello", "Hi"], samples=2, max_new_tokens=6, temperature=0.9, seed=3,
-                           progress=False)
-    assert drawn == [[text for text, _ in group] for group in direct]
+    assert [[text for text, _ in group] for group in generate(model, tokenizer, ["Hello", "Hi"], **options)] == first
 
 
 @pytest.mark.slow

@@ -247,8 +247,8 @@ def test_evaluating_a_tuned_model_on_vllm_generates_with_its_adapter(tuned_with_
     model, seen = tuned_with_engine
     questions = load_gsm8k("sample", "test", limit=2, seed=0)
     tokenizer = models.load_tokenizer(str(tiny_model_dir))
-    evaluate(model, tokenizer, questions, maj_k=2, progress=False)
-    assert seen.requests == ["lora-request-1", "lora-request-1"]  # greedy and maj@k: the adapter's request
+    evaluate(model, tokenizer, questions, progress=False)
+    assert seen.requests == ["lora-request-1"]  # the adapter's request
     assert seen.load_lora[0][1] is True  # the live adapter tensors, not a stale file
     with model.disable_adapter():  # "base" in evaluate_before_after: no adapter, as asked
         evaluate(model, tokenizer, questions, progress=False)

@@ -118,11 +118,6 @@ def test_cli_refuses_an_unknown_task_before_loading_a_model(gsm8k_file, capsys):
     assert "Unknown harness task 'mmlu'" in capsys.readouterr().err
 
 
-def test_cli_refuses_maj_with_the_harness(gsm8k_file, capsys):
-    assert main(["eval", "--harness", "gsm8k_cot", "--maj", "4", "--data", str(gsm8k_file)]) == 2
-    assert "Leave out --maj" in capsys.readouterr().err
-
-
 @pytest.mark.parametrize(
     ("flags", "expected"),
     [([], {"h.json": ("base", None)}), (["--adapter", "a"], {"h.json": ("tuned", "a")}),

@@ -87,3 +87,13 @@ def test_zero_variance_share_is_plotted():
     zero = fig.axes[2]
     assert zero.get_title() == "Groups that teach nothing"
     assert list(zero.lines[0].get_ydata()) == [1.0, 0.25]
+
+
+def test_first_vs_last_table_puts_the_first_and_last_steps_side_by_side():
+    from grpo_kit.demo import first_vs_last_table
+
+    table = first_vs_last_table([{"step": 1, "reward": 0.1, "format_rate": 0.0},
+                                 {"step": 2, "reward": 0.9, "format_rate": 1.0}], window=1)
+    assert table.splitlines() == ["metric         first 1 steps   last 1 steps",
+                                  "reward                 0.100          0.900",
+                                  "format_rate            0.000          1.000"]
