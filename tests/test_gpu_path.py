@@ -401,3 +401,26 @@ def test_the_colocated_vllm_engine_is_released_by_unsloths_own_teardown(monkeypa
     assert models.release_vllm(model) and torn_down == [engine] and model.vllm_engine is None
     assert not models.release_vllm(model) and torn_down == [engine]  # a second call finds nothing to release
     assert not models.release_vllm(SimpleNamespace())  # the CPU path: no engine, nothing imported
+
+
+def test_a_run_resumed_where_vllm_is_missing_continues_from_its_checkpoint(fake_unsloth, tiny_model_dir, tmp_path,
+                                                                             monkeypatch, fake_checkpoint, capsys):
+    """A Colab disconnect on a CUDA 12 runtime (no vLLM): the run folder that trained with vLLM, or without, resumes
+    from its newest complete checkpoint; nothing is set aside and the trainer gets use_vllm=False."""
+    import json
+
+    from grpo_kit.train import train
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    run_dir = tmp_path / "run"
+    for step in (2, 4):
+        fake_checkpoint(run_dir, step)
+    recipe = load_recipe("cpu", backend="unsloth", model_name_or_path=str(tiny_model_dir), use_cpu=True,
+                         use_vllm=True, max_steps=8, save_steps=2)
+    with pytest.raises(_Stop):
+        train(recipe, data="sample", output_dir=run_dir, resume=True)
+    assert fake_unsloth.trainer[1]["args"].use_vllm is False
+    assert json.loads((run_dir / "run.json").read_text())["resumed_from_step"] == 4
+    assert sorted(p.name for p in run_dir.iterdir() if p.name.startswith(("checkpoint", "damaged", "attempt"))) == [
+        "checkpoint-2", "checkpoint-4"]
+    assert len(_vllm_off_lines(capsys)) == 1
