@@ -356,10 +356,11 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
                      fewshot_data: str | os.PathLike | None = None, max_new_tokens: int = 256, batch_size: int = 8,
                      label: str = "") -> HarnessResult:
     """lm-eval's ``task`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
-    itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, the checkpoint's dtype on a GPU."""
+    itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
     import torch
 
-    from grpo_kit.models import resolve_model_id
+    from grpo_kit.callbacks import check_adapter
+    from grpo_kit.models import half_dtype_name, resolve_model_id
 
     if task not in HARNESS_TASKS:  # before anything loads
         raise GrpoKitError(f"Unknown harness task {task!r}. Choose one of: {', '.join(HARNESS_TASKS)}.")
@@ -370,11 +371,13 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
     except ImportError as error:
         raise GrpoKitError(f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
                            f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness.") from error
-    if adapter is not None and not (Path(adapter) / "adapter_config.json").is_file():
-        raise GrpoKitError(f"{adapter} is not a LoRA adapter folder (no adapter_config.json).")
+    if adapter is not None:  # a missing, torn or NaN adapter is reported before lm-eval loads the model
+        check_adapter(adapter, use=f"evaluate the adapter {adapter}")
+    # 16 bits on a GPU as the kit's own protocol loads it (fp16 on a T4, which has no bf16): "auto" would take the
+    # checkpoint's bf16 there.
     cuda = torch.cuda.is_available()
     lm = HFLM(pretrained=resolve_model_id(model), peft=str(adapter) if adapter else None,
-              device="cuda" if cuda else "cpu", dtype="auto" if cuda else "float32", batch_size=batch_size)
+              device="cuda" if cuda else "cpu", dtype=half_dtype_name() if cuda else "float32", batch_size=batch_size)
     # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
     manager = TaskManager(include_path=str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k"), include_defaults=False)
     with tempfile.TemporaryDirectory(prefix="grpo-kit-harness-") as folder:
