@@ -48,8 +48,7 @@ PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She s
 
 @dataclass(frozen=True)
 class ExportResult:
-    """One verified export (``path``: its folder or ``.gguf`` file): the worst ``max |d|`` from base+adapter and the
-    ``tolerance`` it met, mean |d| to base+adapter and to the base, and the adapter's own largest change."""
+    """One verified export (``path``: its folder or ``.gguf`` file), with the numbers of its check (``compare``)."""
 
     format: str
     path: Path
@@ -61,10 +60,6 @@ class ExportResult:
     mean_abs_diff_base: float = float("nan")
     note: str = ""
     hub_url: str | None = None
-
-    def to_dict(self, relative_to: Path | None = None) -> dict:
-        path = self.path.relative_to(relative_to) if relative_to else self.path
-        return {**dataclasses.asdict(self), "path": str(path)}
 
     def __str__(self) -> str:
         return (f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
@@ -80,12 +75,6 @@ class Reference:
     base: tuple
     device: str = "cpu"
     dtype: str = "float32"
-
-
-def parse_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
-    """``"gguf, lora"`` or ``["lora"]`` -> validated tuple in canonical order."""
-    items = gguf_files.parse_names(formats, FORMATS, "export format(s)")
-    return tuple(f for f in FORMATS if f in items)
 
 
 def default_name(adapter_dir: Path) -> str:
@@ -208,9 +197,8 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
     weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
 
-    def delta(a_key: str):
-        product = scale * (weights[a_key.replace(".lora_A.", ".lora_B.")].float() @ weights[a_key].float())
-        return product.T if config.get("fan_in_fan_out") else product  # fan_in_fan_out layers store (in, out)
+    def delta(a_key: str):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D) layers
+        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")].float() @ weights[a_key].float())
 
     return {f"{key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight": functools.partial(delta, key)
             for key in weights if ".lora_A." in key}
@@ -259,19 +247,11 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
 # --------------------------------------------------------------------------------------------- what an export records
 
 
-def read_evals(eval_results: Mapping | None, adapter_dir: Path) -> dict[str, dict] | None:
-    """Eval metrics for the model card, ``{name: metrics}``, from names mapped to an ``EvalResult``, a metrics dict or
-    a JSON path (``EvalResult.save``); by default the run's own ``eval/<name>.json`` (demo, notebooks 00 and 04)."""
-    if eval_results is None:
-        eval_results = {path.stem: path for path in sorted(adapter_dir.resolve().parent.glob("eval/*.json"))}
-    evals = {}
-    for name, value in eval_results.items():
-        if isinstance(value, (str, os.PathLike)):
-            if not Path(value).is_file():
-                raise GrpoKitError(f"Eval results file {value} not found; pass the JSON `grpo-kit eval --out` wrote.")
-            value = json.loads(Path(value).read_text(encoding="utf-8"))
-        evals[str(name)] = value.to_dict() if hasattr(value, "to_dict") else dict(value)
-    return evals or None
+def read_evals(adapter_dir: Path) -> dict[str, dict] | None:
+    """Eval metrics for the model card, ``{name: metrics}``: the run's ``eval/<name>.json`` (``EvalResult.save``, as
+    the demo and notebooks 00 and 04 write them)."""
+    files = sorted(adapter_dir.resolve().parent.glob("eval/*.json"))
+    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in files} or None
 
 
 def trained_base(adapter_config: dict, run: dict) -> str:
@@ -388,12 +368,11 @@ def _check_target(target: Path, overwrite: bool) -> None:
 
 def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
            out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q8_0",
-           overwrite: bool = False, eval_results: Any = None, push_to_hub: str | None = None,
-           print_fn=None) -> list[ExportResult]:
+           overwrite: bool = False, push_to_hub: str | None = None, print_fn=None) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
-    ``gguf_type``: one type or several (``"q4_k_m,q8_0"``). ``eval_results`` (see ``read_evals``) goes into the model
-    card; ``push_to_hub="user/repo"`` uploads the verified folder. Returns one ``ExportResult`` per folder or file
+    ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
+    the run's evaluations (``read_evals``) go into the model card. Returns one ``ExportResult`` per folder or file
     written (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
     from transformers import AutoConfig
@@ -402,12 +381,13 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
 
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
-    wanted = parse_formats(formats)
+    asked = gguf_files.parse_names(formats, FORMATS, "export format(s)")
+    wanted = [f for f in FORMATS if f in asked]  # in canonical order
     gguf_types = gguf_files.parse_gguf_types(gguf_type) if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
-    evals, run = read_evals(eval_results, adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
+    evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     trained_on = base_model or trained_base(adapter_config, run)
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone is checked on the base it was trained on
@@ -472,8 +452,8 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
             info = {"name": name, "base_model": embedded or merge_base, "base_model_note": note,
                     "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
                     "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
-                    "lora_r": adapter_config.get("r"),
-                    "evals": evals, "formats": [r.to_dict(relative_to=target) for r in results], "repo": push_to_hub}
+                    "lora_r": adapter_config.get("r"), "evals": evals, "repo": push_to_hub,
+                    "formats": [{**dataclasses.asdict(r), "path": str(r.path.relative_to(target))} for r in results]}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
             shutil.rmtree(scratch, ignore_errors=True)

@@ -1,15 +1,12 @@
 """GGUF files (llama.cpp, Ollama) and Unsloth's savers, for ``grpo_kit.export``.
 
-**CPU writer** (the ``gguf`` library): llama models (SmolLM2, Llama, TinyLlama; no rope scaling, no biases) whose
-tokenizer is the embedded SmolLM2 one, whose ``tokenizer.*`` metadata is copied verbatim from the GGUF that ships the
-embedded model, so llama.cpp tokenizes as the original does. llama.cpp rotates *interleaved* pairs of dimensions,
-Hugging Face the two *halves* of each head, so GGUF stores ``attn_q``/``attn_k`` rows reordered (``permute_rotary``).
+**CPU writer** (gguf-py): llama models with the embedded SmolLM2 tokenizer, whose ``tokenizer.*`` metadata is copied
+verbatim from the embedded model's GGUF, so llama.cpp tokenizes as the original does.
 
-**Unsloth** (a GPU) makes everything else: ``save_pretrained_gguf`` (llama.cpp: other models, the k-quants; one
-merge for all the types asked for) and ``save_pretrained_merged`` (a base too large for the GPU in 16 bit, merged
-shard by shard from a 4-bit load). It runs in a child process (``python -m grpo_kit.gguf SPEC``): importing Unsloth
-patches transformers' forwards for the whole process, and the checks must run on plain transformers. NOT RUN ON A
-GPU: the tests run the child with a stand-in ``unsloth`` package.
+**Unsloth** (a GPU) makes everything else: ``save_pretrained_gguf`` (other models, the k-quants; one merge for all the
+types) and ``save_pretrained_merged`` (a base too large for the GPU in 16 bit, merged shard by shard from a 4-bit
+load), in a child process (``python -m grpo_kit.gguf SPEC``): importing Unsloth patches transformers' forwards for the
+whole process, and the checks must run on plain transformers. NOT RUN ON A GPU: the tests use a stand-in ``unsloth``.
 """
 
 from __future__ import annotations
@@ -101,18 +98,16 @@ def _embedded_tokenizer() -> dict[str, tuple]:
 
 
 def permute_rotary(weight, n_head: int):
-    """A q/k projection's rows from Hugging Face's half-split rotary layout to GGUF's interleaved one (rows 0-7 of two
-    heads become 0, 2, 1, 3, 4, 6, 5, 7): the exact inverse of transformers' GGUF loader (tests/test_export.py)."""
+    """A q/k projection's rows from Hugging Face's rotary layout (the two *halves* of each head) to llama.cpp's
+    (*interleaved* pairs): the exact inverse of transformers' GGUF loader (tests/test_export.py)."""
     half = weight.shape[0] // n_head // 2
     return weight.reshape(n_head, 2, half, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
 def write_gguf(model, tokenizer, path: str | os.PathLike, gguf_type: str = "q8_0", *, name: str = "model") -> Path:
-    """Write ``model`` (merged, un-wrapped, llama) and its tokenizer as one GGUF file of ``gguf_type`` (f16, q8_0).
+    """Write ``model`` (merged, un-wrapped; ``cpu_writer_problem`` None) as one GGUF file of ``gguf_type`` (f16, q8_0).
     As in llama.cpp, norms stay float32, and a matrix whose rows do not fill whole q8_0 blocks is stored f16."""
     config = model.config
-    if problem := cpu_writer_problem(config, tokenizer, [gguf_type]):
-        raise GrpoKitError(f"GGUF {gguf_type}: {problem}. {GPU_HINT}")
     qtype = gguf.GGMLQuantizationType[gguf_type.upper()]
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     rope = getattr(config, "rope_parameters", None) or {}

@@ -18,7 +18,7 @@ import grpo_kit.gguf as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import Reference, check_logits, default_name, export, parse_formats, push_folder, read_evals
+from grpo_kit.export import Reference, check_logits, default_name, export, push_folder, read_evals
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -45,11 +45,10 @@ def _files(folder):
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def test_parse_formats_and_names(tmp_path):
-    assert parse_formats("gguf,lora") == ("lora", "gguf")
-    assert parse_formats(["merged16"]) == ("merged16",)
+def test_parse_formats_and_names(run_dir, tmp_path):
     with pytest.raises(GrpoKitError, match="lora, merged16, gguf"):
-        parse_formats("merged_4bit")
+        export(run_dir / "adapter", "lora, merged_4bit", out_dir=tmp_path / "exports")
+    assert not (tmp_path / "exports").exists()
     assert gguf_module.parse_gguf_types("Q8_0, f16,q8_0") == ["q8_0", "f16"]
     with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
         gguf_module.parse_gguf_types("q3_k_s")
@@ -73,33 +72,28 @@ def test_permute_rotary_is_what_transformers_undoes():
 
 
 def test_unsupported_models_and_types_are_refused_with_a_way_out(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, Qwen2Config
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    for config in (SimpleNamespace(model_type="qwen2"), SimpleNamespace(model_type="llama",
-                                                                        rope_parameters={"rope_type": "llama3"})):
-        with pytest.raises(GrpoKitError, match="llama architecture only.*save_pretrained_gguf"):
-            gguf_module.write_gguf(SimpleNamespace(config=config), tokenizer, tmp_path / "x.gguf", "q8_0")
+    llama3 = SimpleNamespace(model_type="llama", rope_parameters={"rope_type": "llama3"})
+    assert "llama architecture only" in gguf_module.cpu_writer_problem(llama3, tokenizer, ["q8_0"])
+    Qwen2Config(hidden_size=64, num_hidden_layers=1, num_attention_heads=2).save_pretrained(tmp_path / "qwen")
+    with pytest.raises(GrpoKitError, match="llama architecture only.*save_pretrained_gguf"):  # no GPU: the way out
+        gguf_module.gguf_route(str(tmp_path / "qwen"), tokenizer, ["q8_0"])
     llama = SimpleNamespace(model_type="llama")
     assert "k-quants" in gguf_module.cpu_writer_problem(llama, tokenizer, ["q4_k_m"])
     assert gguf_module.cpu_writer_problem(llama, tokenizer, ["f16", "q8_0"]) is None
     other = AutoTokenizer.from_pretrained(tiny_model_dir)
     other.add_tokens(["<extra-token>"])
     assert "tokenizer differs" in gguf_module.cpu_writer_problem(llama, other, ["q8_0"])
-    assert not (tmp_path / "x.gguf").exists()
 
 
-def test_read_evals_accepts_results_dicts_and_files(tmp_path):
+def test_read_evals_reads_what_the_run_saved(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
-    path = result.save(tmp_path / "eval_after.json")
-    evals = read_evals({"before": {"accuracy_strict": 0.0, "n": 4}, "after": path}, tmp_path / "adapter")
-    assert evals["after"]["accuracy_lenient"] == 0.5 and evals["before"]["n"] == 4
-    with pytest.raises(GrpoKitError, match="not found"):
-        read_evals({"after": tmp_path / "missing.json"}, tmp_path / "adapter")
-    run = tmp_path / "run"  # by default: what the run saved in eval/ (demo, notebooks 00 and 04)
+    run = tmp_path / "run"  # what the run saved in eval/ (demo, notebooks 00 and 04)
     result.save(run / "eval" / "after.json")
-    assert read_evals(None, run / "adapter") == {"after": result.to_dict()}
-    assert read_evals(None, tmp_path / "elsewhere" / "adapter") is None
+    assert read_evals(run / "adapter") == {"after": result.to_dict()}
+    assert read_evals(tmp_path / "elsewhere" / "adapter") is None
 
 
 def test_check_logits_rules(tmp_path):
@@ -198,11 +192,15 @@ def test_interrupted_export_leaves_no_folder_that_looks_complete(run_dir, tmp_pa
 
 
 @pytest.mark.slow
-def test_model_card_has_the_eval_numbers_it_was_given(run_dir, tmp_path):
-    before = EvalResult(0.012, 0.034, 0.0, 61.0, n=50, seed=0, protocol="bundled sample, strict/lenient")
-    after = {"accuracy_strict": 0.187, "accuracy_lenient": 0.243, "format_rate": 0.96, "mean_completion_tokens": 44.0,
-             "n": 50, "protocol": "bundled sample, strict/lenient"}
-    export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="card", eval_results={"before": before, "after": after})
+def test_model_card_has_the_eval_numbers_the_run_saved(run_dir, tmp_path):
+    import shutil
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    EvalResult(0.012, 0.034, 0.0, 61.0, n=50, seed=0, protocol="bundled sample, strict/lenient").save(
+        run / "eval" / "before.json")
+    EvalResult(0.187, 0.243, 0.96, 44.0, n=50, seed=0, protocol="bundled sample, strict/lenient").save(
+        run / "eval" / "after.json")
+    export(run / "adapter", ("lora",), out_dir=tmp_path, name="card")
     card = (tmp_path / "card" / "README.md").read_text()
     assert "| before | 50 | 1.2 % | 3.4 % | 0.0 % | 61.0 |" in card
     assert "| after | 50 | 18.7 % | 24.3 % | 96.0 % | 44.0 |" in card
