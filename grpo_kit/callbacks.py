@@ -24,7 +24,7 @@ from transformers import TrainerCallback
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import completion_text
-from grpo_kit.runs import adapter_problem, atomic_write_text, latest_checkpoint, set_aside
+from grpo_kit.runs import adapter_problem, atomic_write_text, checkpoints, latest_checkpoint, set_aside
 
 #: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
 FP16_GRAD_NORM_PATIENCE = 3
@@ -69,8 +69,11 @@ def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
         return ""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        return (f" No complete checkpoint was written in {run_dir} yet: after the fix, the same command with --resume "
-                "starts again from step 0 in that folder (what this attempt left is set aside, not deleted).")
+        written = [folder.name for _, folder in checkpoints(run_dir)]  # torn, or holding weights that already broke
+        state = (f"None of its checkpoints ({', '.join(written)}) can be resumed from" if written
+                 else "No complete checkpoint was written")
+        return (f" {state} in {run_dir}: after the fix, the same command with --resume starts again from step 0 in "
+                "that folder (what this attempt left is set aside, not deleted).")
     resume = f"`grpo-kit train ... --output {run_dir} --resume` (or train(..., resume=True))"
     if checkpoint_is_clean:
         return f" The last complete checkpoint, {checkpoint}, was written before the problem: after the fix, continue with {resume}."
