@@ -119,7 +119,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, b
         params = SamplingParams(n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
         with engine_lora_request(model) as request:  # the engine holds the base weights: add the adapter
             outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=request, use_tqdm=False)
-        return [[(o.text, len(o.token_ids)) for o in request.outputs] for request in outputs]
+        return [[(o.text, len(o.token_ids)) for o in output.outputs] for output in outputs]
     torch.manual_seed(seed)
     stops = stop_token_ids(model, tokenizer)
     config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
