@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -41,9 +43,7 @@ def run(name, completion, answer=GOLD, prefill=None):
 # ----------------------------------------------------------------------------------------------- correctness
 
 
-@pytest.mark.parametrize(
-    ("completion", "answer", "expected"),
-    [
+CORRECTNESS_CASES = [  # (completion, gold answer, expected score)
         (GOOD, "72", 2.0),
         ("<answer>72</answer>", "72", 2.0),
         ("<answer>72.0</answer>", "72", 2.0),
@@ -90,10 +90,36 @@ def run(name, completion, answer=GOLD, prefill=None):
         ("<answer>70\u202f000</answer>", "70000", 2.0),
         ("<answer>72 or 73</answer>", "72", 0.0),
         ("<answer>72 or 73</answer>", "73", 0.0),
-    ],
-)
+]
+
+
+@pytest.mark.parametrize(("completion", "answer", "expected"), CORRECTNESS_CASES)
 def test_correctness(completion, answer, expected):
     assert run("correctness", completion, answer) == expected
+
+
+def notebook_cell(notebook: str, cell_id: str) -> dict:
+    """The names a notebook's code cell defines, run on its own."""
+    path = Path(__file__).resolve().parents[1] / "notebooks" / notebook
+    cell = next(c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c.get("id") == cell_id)
+    namespace: dict = {}
+    exec(compile("".join(cell["source"]), f"{notebook}:{cell_id}", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("prefill", ["", "<think>\n", "<answer>"])
+def test_notebook_00s_correctness_reward_scores_the_case_table_as_the_built_in(prefill):
+    """Notebook 00 shows the correctness reward as a `def` and trains with it: it must score as the package's."""
+    cell = notebook_cell("00_train_grpo_colab.ipynb", "c12a")
+    completions = [completion for completion, _, _ in CORRECTNESS_CASES]
+    golds = [answer for _, answer, _ in CORRECTNESS_CASES]
+    prefills = [prefill] * len(CORRECTNESS_CASES)
+    built_in = REWARDS["correctness"](completions, answer=golds, prefill=prefills)
+    if not prefill:  # the table's own expectations hold for the built-in as they are stated
+        assert built_in == [expected for _, _, expected in CORRECTNESS_CASES]
+    assert cell["correctness"](completions, answer=golds, prefill=prefills, trainer_state=None) == built_in
+    messages = [[{"role": "assistant", "content": c}] for c in completions]  # conversational completions
+    assert cell["correctness"](messages, answer=golds, prefill=prefills) == built_in
 
 
 # How each reward treats the decided conventions (grpo_kit.answers docstring): rewards that read the answer accept
