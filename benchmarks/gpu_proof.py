@@ -624,7 +624,7 @@ def _export(adapter_dir: Path, base_model: str, out: Path) -> list[dict]:
     from grpo_kit.export import export
 
     results = export(adapter_dir, ("lora", "merged16"), base_model=base_model, out_dir=out / "exports", overwrite=True)
-    return [{**dataclasses.asdict(r), "path": str(r.path)} for r in results]
+    return [r.to_dict() for r in results]
 
 
 def worker_main(spec_path: str) -> int:

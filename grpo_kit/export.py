@@ -61,6 +61,10 @@ class ExportResult:
     note: str = ""
     hub_url: str | None = None
 
+    def to_dict(self, relative_to: Path | None = None) -> dict:
+        """The fields as JSON values, ``path`` relative to ``relative_to`` when given (export.json, tables)."""
+        return {**dataclasses.asdict(self), "path": str(self.path.relative_to(relative_to) if relative_to else self.path)}
+
     def __str__(self) -> str:
         return (f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
                 f"({self.detail}; LoRA effect {self.lora_effect:.2e})")
@@ -453,7 +457,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                     "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
                     "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
                     "lora_r": adapter_config.get("r"), "evals": evals, "repo": push_to_hub,
-                    "formats": [{**dataclasses.asdict(r), "path": str(r.path.relative_to(target))} for r in results]}
+                    "formats": [r.to_dict(relative_to=target) for r in results]}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
             shutil.rmtree(scratch, ignore_errors=True)

@@ -271,3 +271,12 @@ def test_an_export_that_would_not_fit_on_the_disk_is_refused_before_anything_loa
         export(run_dir / "adapter", ("merged16", "gguf"), gguf_type="q8_0", out_dir=tmp_path / "exports", name="tiny")
     assert not any((tmp_path / "exports").iterdir())
     export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], unsloth_copy=False)  # MBs
+
+
+def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path):
+    """export.json, notebook 05's table and the GPU proof's rows all come from ``ExportResult.to_dict``."""
+    from grpo_kit.export import ExportResult
+
+    result = ExportResult("lora", tmp_path / "x" / "lora", "PEFT adapter", 0.0, 5e-4, 0.0, 2.5)
+    assert json.loads(json.dumps(result.to_dict(relative_to=tmp_path / "x")))["path"] == "lora"
+    assert result.to_dict()["path"] == str(tmp_path / "x" / "lora") and result.to_dict()["format"] == "lora"
