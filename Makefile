@@ -8,7 +8,7 @@ STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
 
-.PHONY: install demo test test-fast lint bench gpu-bundle clean
+.PHONY: install demo test test-fast lint bench gpu-bundle fork-url clean
 
 install: $(STAMP)
 
@@ -39,6 +39,13 @@ bench: install
 # gpu-bundle/parts.json (docs/VRAM.md, "GPU proof"). Needs PyPI here; the GPU machine needs no network.
 gpu-bundle: install
 	$(PY) benchmarks/gpu_bundle.py --out gpu-bundle
+
+# A fork: `make fork-url REPO=you/grpo-kit` points the project URL in pyproject.toml and every notebook's Colab badge and
+# install cell (which clones it) at your repository.
+fork-url:
+	@echo "$(REPO)" | grep -Eq '^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$$' || { echo "usage: make fork-url REPO=owner/name"; exit 2; }
+	OLD=$$(sed -n 's|^Repository = "https://github.com/\([^"]*\)".*|\1|p' pyproject.toml) && \
+	sed -i "s|github.com/$$OLD\b|github.com/$(REPO)|g; s|github/$$OLD/|github/$(REPO)/|g; s|githubusercontent.com/$$OLD/|githubusercontent.com/$(REPO)/|g" pyproject.toml notebooks/*.ipynb
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

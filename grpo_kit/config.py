@@ -70,6 +70,11 @@ class Recipe:
         return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "colocate"
 
     @property
+    def dtype(self) -> str:
+        """What the model loads in: the recipe's ``dtype``, else the training precision (float32 without one)."""
+        return self.values.get("dtype") or ("bfloat16" if self.grpo.bf16 else "float16" if self.grpo.fp16 else "float32")
+
+    @property
     def prompts_per_step(self) -> int:
         """Questions per optimizer step: TRL's generation batch split into groups of ``num_generations``."""
         return self.grpo.generation_batch_size // self.grpo.num_generations

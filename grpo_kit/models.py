@@ -12,7 +12,7 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
@@ -107,36 +107,32 @@ def _first_line(error: BaseException) -> str:
 
 
 def load_model(recipe):
-    """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, in the precision the run
-    trains in (``bf16``/``fp16``, else float32) unless the recipe sets ``dtype``. Unsloth starts its in-process vLLM
-    when generation is colocated. When vLLM cannot be imported (Colab's CUDA 12 torch: the installer skips it) or its
-    engine fails to start, the model loads without it: one "vLLM off:" line, ``model.vllm_engine`` None, and
-    ``without_failed_vllm`` gives the trainer ``use_vllm=False``; a resumed run goes on from its checkpoint the same.
-    """
-    import torch
-
-    backend, colocated = prepare_backend(recipe.kit.backend), recipe.vllm_colocated
-    if recipe.grpo.use_vllm:  # after prepare_backend: vLLM imports transformers, which Unsloth patches first
-        try:
-            import vllm  # noqa: F401
-        except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
-            if not colocated:  # server mode: TRL's client needs vLLM's own communicator
-                raise GrpoKitError(f"vllm_mode='server' needs vLLM here too, and it cannot be imported "
-                                   f"({_first_line(error)}). Install the vllm wheel built for this torch's CUDA, or "
-                                   "--set use_vllm=false.") from None
-            print(f"vLLM off: it cannot be imported ({_first_line(error)}). Generation uses {backend}'s generate "
-                  "(slower, same recipe). To use vLLM, install the vllm wheel built for this torch's CUDA "
-                  "(requirements-colab.txt) and restart the runtime.", flush=True)
-            colocated = False
-    g, model_id = recipe.grpo, resolve_model_id(recipe.model.model_name_or_path)
-    dtype = recipe.values.get("dtype") or ("bfloat16" if g.bf16 else "float16" if g.fp16 else "float32")
-    if backend == "unsloth":  # dtype None ("auto"): Unsloth picks
-        model, tokenizer = _load_unsloth(recipe, model_id, getattr(torch, dtype, None), colocated)
-    else:
-        model, tokenizer = _load_transformers(recipe, model_id, dtype)
-    if recipe.vllm_colocated and not colocated:
-        model.vllm_engine = None  # without_failed_vllm reads this
+    """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
+    shows (``FastLanguageModel`` below), in the precision the run trains in (``bf16``/``fp16``, else float32) unless
+    the recipe sets ``dtype``. Where vLLM is missing or its engine fails, ``without_failed_vllm`` turns it off."""
+    g, m = recipe.grpo, recipe.model
+    if g.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
+        prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
+        if (error := _vllm_import_error()) is not None:
+            raise GrpoKitError(f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
+                               "the vllm wheel built for this torch's CUDA, or --set use_vllm=false.")
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=m.model_name_or_path, max_seq_length=recipe.kit.max_seq_length, dtype=recipe.dtype,
+        load_in_4bit=m.load_in_4bit, fast_inference=recipe.vllm_colocated, max_lora_rank=m.lora_r,
+        gpu_memory_utilization=g.vllm_gpu_memory_utilization, backend=recipe.kit.backend)
+    model = FastLanguageModel.get_peft_model(
+        model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
+        use_rslora=m.use_rslora, modules_to_save=m.lora_modules_to_save,
+        use_gradient_checkpointing="unsloth" if g.gradient_checkpointing else False, random_state=g.seed)
     return model, tokenizer
+
+
+def _vllm_import_error() -> str | None:
+    try:
+        import vllm  # noqa: F401
+    except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
+        return _first_line(error)
+    return None
 
 
 def without_failed_vllm(recipe, model):
@@ -162,63 +158,109 @@ def release_vllm(model) -> bool:
     return True
 
 
-def _load_transformers(recipe, model_id: str, dtype: str):
-    import torch
-    import trl
-    from peft import get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM
+class FastLanguageModel:
+    """Unsloth's ``FastLanguageModel`` on every machine: notebook 00 and ``load_model`` make these two calls.
 
-    # 4-bit weights are stored in the compute dtype unless the recipe says otherwise: that lets ZeRO-3 shard them.
-    storage = recipe.model.bnb_4bit_quant_storage or dtype
-    quantization = trl.get_quantization_config(replace(recipe.model, dtype=dtype, bnb_4bit_quant_storage=storage))
-    if quantization is not None and importlib.util.find_spec("bitsandbytes") is None:
-        raise GrpoKitError(f"Recipe {recipe.name} loads 4-bit weights, which need bitsandbytes: pip install "
-                           "bitsandbytes==0.50.2 (or set load_in_4bit: false).")
-    kwargs = {"dtype": dtype, "quantization_config": quantization}
-    if torch.cuda.is_available() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3":
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU; ZeRO-3 shards
-    tokenizer = load_tokenizer(model_id)
-    base = match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), dtype)
-    if quantization is not None:
-        base = prepare_model_for_kbit_training(base, use_gradient_checkpointing=recipe.grpo.gradient_checkpointing)
-    return get_peft_model(base, trl.get_peft_config(recipe.model)), tokenizer
+    On the Unsloth backend (a GPU) they are Unsloth's own, plus what keeps a Colab run going: when vLLM cannot be
+    imported (Colab's CUDA 12 torch: the installer skips it) or its engine fails to start, the model loads without it,
+    with one "vLLM off:" line and ``model.vllm_engine = None`` (``without_failed_vllm`` then gives the trainer
+    ``use_vllm=False``; a resumed run goes on from its checkpoint the same). Elsewhere (a CPU, ZeRO-3,
+    ``backend="transformers"``) the same arguments load with transformers + PEFT.
+    """
+
+    @staticmethod
+    def from_pretrained(model_name, *, max_seq_length=1024, dtype=None, load_in_4bit=False, fast_inference=False,
+                        max_lora_rank=16, gpu_memory_utilization=0.5, backend="auto"):
+        import torch
+
+        backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
+        name = str(dtype or "float32").removeprefix("torch.")  # transformers takes the name ("auto" too)
+        dtype = getattr(torch, name, None)  # Unsloth takes a torch dtype; None ("auto"): it picks
+        if fast_inference and (error := _vllm_import_error()) is not None:  # after prepare_backend (Unsloth first)
+            print(f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same "
+                  "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
+                  "and restart the runtime.", flush=True)
+        elif fast_inference and backend == "unsloth":
+            return _unsloth_with_vllm(model_id, max_seq_length, dtype, load_in_4bit, max_lora_rank,
+                                      gpu_memory_utilization)
+        if backend == "unsloth":
+            model, tokenizer = _unsloth_load(model_name=model_id, max_seq_length=max_seq_length, dtype=dtype,
+                                             load_in_4bit=load_in_4bit, fast_inference=False,
+                                             max_lora_rank=max_lora_rank, gpu_memory_utilization=0.5)
+        else:
+            model, tokenizer = _transformers_load(model_id, name, load_in_4bit)
+        if fast_inference:
+            model.vllm_engine = None  # without_failed_vllm reads this
+        return model, tokenizer
+
+    @staticmethod
+    def get_peft_model(model, *, r, lora_alpha, target_modules, lora_dropout=0.0, use_rslora=False,
+                       modules_to_save=None, use_gradient_checkpointing=False, random_state=3407):
+        lora = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
+                    use_rslora=use_rslora, modules_to_save=modules_to_save)
+        if getattr(model, "grpo_kit_backend", "") == "unsloth":
+            from unsloth import FastLanguageModel as Unsloth
+
+            return Unsloth.get_peft_model(model, **lora, use_gradient_checkpointing=use_gradient_checkpointing,
+                                          random_state=random_state)
+        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+        if getattr(model, "is_loaded_in_4bit", False):
+            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(use_gradient_checkpointing))
+        return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
 
 
-def _load_unsloth(recipe, model_id: str, dtype, colocated: bool):
+def _unsloth_load(**kwargs):
+    from unsloth import FastLanguageModel as Unsloth  # lazy: Unsloth cannot import without a GPU
+
+    # dtype is always given: left out, Unsloth picks bf16 wherever the card has it, and its trainer then refuses the
+    # model when the run trains in fp16.
+    if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
+        kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
+    model, tokenizer = Unsloth.from_pretrained(**kwargs)
+    model.grpo_kit_backend = "unsloth"  # get_peft_model reads this
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+    return model, tokenizer
+
+
+def _unsloth_with_vllm(model_id, max_seq_length, dtype, load_in_4bit, max_lora_rank, gpu_memory_utilization):
     import gc
 
     import torch
-    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
 
-    m = recipe.model
-    # dtype is always given: left out, Unsloth picks bf16 wherever the card has it, and its trainer then refuses the
-    # model when the run trains in fp16. In server mode the server generates: an in-process vLLM would only take memory.
-    kwargs = dict(model_name=model_id, max_seq_length=recipe.kit.max_seq_length, dtype=dtype,
-                  load_in_4bit=m.load_in_4bit, fast_inference=colocated, max_lora_rank=m.lora_r,
-                  gpu_memory_utilization=recipe.grpo.vllm_gpu_memory_utilization if colocated else 0.5)
-    if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
-        kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
+    kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=dtype, load_in_4bit=load_in_4bit,
+                  max_lora_rank=max_lora_rank, gpu_memory_utilization=gpu_memory_utilization)
     try:
-        model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
+        return _unsloth_load(**kwargs, fast_inference=True)
     # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a missing CUDA
     # library); a TypeError or AttributeError is a bug, and is not retried.
     except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
-        if not colocated:
-            raise
         print(f"vLLM off: its engine did not start ({_first_line(error)}). Generation uses Unsloth's generate "
               "(slower). To use vLLM: restart the runtime to free GPU memory, or lower --set "
-              "vllm_gpu_memory_utilization.",
-              flush=True)
-        gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
-        torch.cuda.empty_cache()
-        model, tokenizer = FastLanguageModel.from_pretrained(**{**kwargs, "fast_inference": False})
-        model.vllm_engine = None  # without_failed_vllm reads this
-    model = FastLanguageModel.get_peft_model(
-        model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
-        use_gradient_checkpointing="unsloth" if recipe.grpo.gradient_checkpointing else False,
-        random_state=recipe.grpo.seed)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
+              "vllm_gpu_memory_utilization.", flush=True)
+    gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
+    torch.cuda.empty_cache()
+    model, tokenizer = _unsloth_load(**kwargs, fast_inference=False)
+    model.vllm_engine = None  # without_failed_vllm reads this
     return model, tokenizer
+
+
+def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
+    import torch
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    kwargs: dict = {"dtype": dtype}
+    if load_in_4bit:
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise GrpoKitError("4-bit weights (load_in_4bit) need bitsandbytes: pip install bitsandbytes==0.50.2 (or "
+                               "set load_in_4bit: false).")
+        # NF4 stored in the compute dtype: that lets ZeRO-3 shard 4-bit weights.
+        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
+    if torch.cuda.is_available() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3":
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU; ZeRO-3 shards
+    tokenizer = load_tokenizer(model_id)
+    return match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), dtype), tokenizer
 
 
 # --------------------------------------------------------------------------------------------- models for evaluation

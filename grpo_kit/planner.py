@@ -269,12 +269,33 @@ def auto_recipe(device=None) -> tuple[str, str]:
                          f"planner: ~{estimate.total_gib:.1f} GiB)")
 
 
+#: Seconds a T4 takes per completion token of a GRPO step (vLLM sampling + 4-bit LoRA training of Llama-3.1-8B):
+#: two recorded T4 runs of Unsloth's 8B GRPO notebook took ~47 and ~55 s a step for G=6 completions of up to 200
+#: tokens (docs/VRAM.md, "T4 time"). Not measured by this kit: no T4 run of it exists yet.
+T4_SECONDS_PER_TOKEN = (47 / (6 * 200), 55 / (6 * 200))
+T4_EVAL_TOKENS_PER_SECOND = 300  # Unsloth's figure for vLLM generation on a T4 (8B)
+
+
+def t4_minutes(recipe, eval_questions: int) -> tuple[float, float]:
+    """(low, high) minutes a T4 takes for ``recipe``'s training plus a before/after evaluation of ``eval_questions``.
+
+    Every completion is counted at its full budget (``max_completion_length``), as a run's first steps use it; the
+    anchors are scaled by the model's parameter count. Loading the model and exporting it come on top.
+    """
+    shape = shape_for(recipe.model.model_name_or_path) or LLAMA_31_8B
+    g, scale = recipe.grpo, shape.params / LLAMA_31_8B.params
+    train_tokens = g.max_steps * g.generation_batch_size * g.max_completion_length
+    eval_seconds = 2 * eval_questions * g.max_completion_length / T4_EVAL_TOKENS_PER_SECOND
+    return tuple(scale * (train_tokens * per_token + eval_seconds) / 60 for per_token in T4_SECONDS_PER_TOKEN)
+
+
 # --------------------------------------------------------------------------------------------- grpo-kit presets
 
 
-def _estimate_or_none(recipe) -> float | None:
+def _estimate_or_none(recipe, digits: int | None = None) -> float | None:
     shape = shape_for(recipe.model.model_name_or_path)
-    return None if shape is None else round(estimate_vram(recipe, shape).total_gib, 2)
+    total = None if shape is None else estimate_vram(recipe, shape).total_gib
+    return total if total is None or digits is None else round(total, digits)
 
 
 def presets_table(recipes) -> str:
@@ -303,7 +324,7 @@ def cli_presets(args) -> int:
         text = f"{recipe.name}: {recipe.kit.description}\n\n{estimate.format()}"
     elif args.json:
         text = json.dumps([{**r.values, "generation_batch_size": r.grpo.generation_batch_size,
-                            "prompts_per_step": r.prompts_per_step, "estimate_gib": _estimate_or_none(r),
+                            "prompts_per_step": r.prompts_per_step, "estimate_gib": _estimate_or_none(r, 2),
                             "recipe_file": r.path} for r in map(load_recipe, recipe_names())], indent=2)
     else:
         text = presets_table(map(load_recipe, recipe_names())) + (

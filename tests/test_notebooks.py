@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -89,7 +90,7 @@ def test_install_cell_clones_the_kit_and_runs_the_colab_installer_only_on_colab(
     clone, install = run_install_cell(path, monkeypatch, on_colab=True)
     assert clone[:4] == ["git", "clone", "--depth", "1"]
     badge_repo = REPO_LINK.search(nbformat.read(path, as_version=4).cells[0].source).group(1)
-    assert clone[4] == f"https://github.com/{badge_repo}"  # the repository its Colab badge opens
+    assert clone[4] == f"https://github.com/{badge_repo}" == project_url(REPO)  # its badge's, pyproject.toml's
     assert install[:3] == [sys.executable, "-m", "grpo_kit.colab_install"]
     seen = []
     monkeypatch.setattr(colab_install, "install", lambda repo, **kwargs: seen.append((repo, kwargs)))
@@ -97,6 +98,26 @@ def test_install_cell_clones_the_kit_and_runs_the_colab_installer_only_on_colab(
     (repo, kwargs), = seen
     assert repo == clone[5] and kwargs["colab"] is True and not kwargs["dry_run"]
     assert "sys" in kwargs["loaded"]  # what the kernel has imported: the restart check needs it
+
+
+def project_url(root: Path) -> str:
+    import tomllib
+
+    return tomllib.loads((root / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+
+
+def test_a_fork_points_every_notebook_at_its_repository_with_one_command(tmp_path):
+    for name in ("Makefile", "pyproject.toml", "notebooks"):
+        (shutil.copytree if (REPO / name).is_dir() else shutil.copy)(REPO / name, tmp_path / name)
+    subprocess.run(["make", "-s", "-C", str(tmp_path), "fork-url", "REPO=someone/my-grpo"], check=True)
+    assert project_url(tmp_path) == "https://github.com/someone/my-grpo"
+    for path in (tmp_path / "notebooks").glob("*.ipynb"):
+        text = path.read_text()
+        repos = {match.group(1) for match in REPO_LINK.finditer(text)}
+        assert repos == {"someone/my-grpo"}, path.name  # badge, images and clone
+        assert '"https://github.com/someone/my-grpo\\"' in text  # the install cell clones it
+    refused = subprocess.run(["make", "-s", "-C", str(tmp_path), "fork-url", "REPO=not a repo"], capture_output=True)
+    assert refused.returncode != 0 and b"usage: make fork-url REPO=owner/name" in refused.stdout
 
 
 def test_every_notebook_runs_the_same_install():

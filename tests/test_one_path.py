@@ -79,3 +79,58 @@ def test_notebook_03_trains_through_the_same_calls(built, tmp_path):
     with pytest.raises(Built):
         main(["train", "--recipe", SMOKE, "--data", "sample", "--output", str(tmp_path / "cli")])
     same_trainer(built[0], built[1])
+
+
+# ------------------------------------------------------------------------------------------------ notebook 00's values
+
+
+def notebook_00(*cell_ids: str, **variables) -> dict:
+    """Run the named code cells of notebook 00, in order, in one namespace that starts with ``variables``."""
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]}
+    namespace = dict(variables)
+    for cell_id in cell_ids:
+        exec(compile(cells[cell_id], f"notebook 00, cell {cell_id}", "exec"), namespace)
+    return namespace
+
+
+def parsed(recipe) -> tuple:
+    from dataclasses import asdict
+
+    kit = {k: v for k, v in asdict(recipe.kit).items() if k not in {"name", "description", "vram_gb"}}
+    return {k: v for k, v in recipe.grpo.to_dict().items() if k not in PER_RUN}, asdict(recipe.model), kit
+
+
+@pytest.mark.parametrize("tier", ["t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
+def test_notebook_00s_written_out_values_are_the_recipe_grpo_kit_train_reads(tier, monkeypatch, tmp_path, capsys):
+    import grpo_kit.colab
+    from grpo_kit.config import load_recipe
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    settings = notebook_00("c04")
+    notebook = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": tier})
+    assert parsed(notebook["recipe"]) == parsed(load_recipe(tier))
+    assert notebook["recipe"].grpo.output_dir == str(tmp_path / "runs" / f"{tier}-llama-3.1-8b")
+
+
+def test_each_model_choice_on_a_t4_is_estimated_to_finish_in_a_free_session(monkeypatch, tmp_path, capsys):
+    """Train + before/after eval within 55 minutes leaves 20 for loading and the export: 75 in all."""
+    import grpo_kit.colab
+    from grpo_kit.planner import estimate_vram, t4_minutes
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    settings = notebook_00("c04")
+    notebook = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": "t4-16gb"})
+    for model in notebook["MODELS"]:
+        chosen = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": "t4-16gb", "MODEL": model})["recipe"]
+        assert chosen.model.model_name_or_path.endswith("-bnb-4bit")
+        assert estimate_vram(chosen, card_gb=14.7).fits(), model  # the T4 shows 14.7 GiB
+        low, high = t4_minutes(chosen, settings["EVAL_QUESTIONS"])
+        assert 0 < low < high <= 55, (model, low, high)
+    assert "<- this run" in capsys.readouterr().out
+
+
+def test_notebook_00_on_a_cpu_runs_the_recipe_that_learns_unless_ci_asks_for_smoke_sizes(monkeypatch):
+    monkeypatch.delenv("GRPO_KIT_RECIPE", raising=False)
+    assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "cpu"
+    monkeypatch.setenv("GRPO_KIT_RECIPE", SMOKE)
+    assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "smoke"

@@ -148,7 +148,7 @@ def test_checkpointing_and_8bit_adam_save_memory():
 def test_logits_scale_with_the_vocabulary():
     t4 = load_recipe("t4-16gb")
     llama = estimate_vram(t4, LLAMA_31_8B)
-    assert llama.logits_gib == pytest.approx(512 * 128256 * 8 / 2**30)
+    assert llama.logits_gib == pytest.approx(t4.grpo.max_completion_length * 128256 * 8 / 2**30)
     assert estimate_vram(t4, SMOLLM2_135M).logits_gib < llama.logits_gib
 
 
