@@ -134,3 +134,20 @@ def test_notebook_00_on_a_cpu_runs_the_recipe_that_learns_unless_ci_asks_for_smo
     assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "cpu"
     monkeypatch.setenv("GRPO_KIT_RECIPE", SMOKE)
     assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "smoke"
+
+
+@pytest.mark.parametrize(("recipe", "budget"), [("cpu", 341), ("t4-16gb", 120)])  # about half the prompts fit
+def test_notebook_00s_prompts_are_the_ones_grpo_kit_train_builds(recipe, budget):
+    """Worked examples and a prefill (cpu) or the question alone (t4); the budget leaves about half the prompts out."""
+    from grpo_kit.config import load_recipe
+    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.models import load_tokenizer, resolve_model_id
+
+    kit = load_recipe(recipe, max_prompt_length=budget).kit
+    tokenizer = load_tokenizer(resolve_model_id("embedded:smollm2-135m"))
+    notebook = notebook_00("c10", kit=kit, tokenizer=tokenizer, DATA="sample")
+    expected, too_long = format_for_grpo(load_gsm8k("sample"), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
+                                         max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
+    assert notebook["train_set"]["prompt"] == expected["prompt"]
+    assert notebook["train_set"]["prefill"] == expected["prefill"]
+    assert 0 < too_long < len(load_gsm8k("sample"))

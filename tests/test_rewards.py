@@ -180,29 +180,40 @@ def test_wrong_empty_missing_and_absurd_score_strictly_lower_than_correct(bad):
 # ----------------------------------------------------------------------------------------------- format (soft)
 
 
-@pytest.mark.parametrize(
-    ("completion", "expected"),
-    [
-        (GOOD, 0.5),
-        ("<think>a</think><answer>7</answer>", 0.5),
-        ("<think>\nline 1\nline 2\nline 3\n</think>\n\n<answer>\n7\n</answer>", 0.5),
-        ("  \n<think>a</think>  \n <answer>7</answer>", 0.5),
-        ("<think>a</think><answer>7</answer> trailing words allowed", 0.5),
-        ("<think></think><answer></answer>", 0.5),  # soft: empty blocks are still the shape
-        ("<think>a</think> b </think><answer>7</answer>", 0.5),  # a later </think> hands over to the answer
-        ("<think>a</think>" + " " * 10_000 + "<answer>7</answer>", 0.5),
-        ("<think>a</think>\n<answer>7", 0.0),  # answer never closed
-        ("<think>a</think> so <answer>7</answer>", 0.0),  # text between the blocks
-        ("<think>a<answer>7</answer>", 0.0),  # think never closed
-        ("Sure! <think>a</think><answer>7</answer>", 0.0),  # must start with the think block
-        ("<answer>7</answer><think>a</think>", 0.0),
-        ("<answer>7</answer>", 0.0),
-        ("<THINK>a</THINK><ANSWER>7</ANSWER>", 0.0),  # tags are case-sensitive
-        ("", 0.0),
-    ],
-)
+FORMAT_CASES = [  # (completion, expected score of the soft format reward)
+    (GOOD, 0.5),
+    ("<think>a</think><answer>7</answer>", 0.5),
+    ("<think>\nline 1\nline 2\nline 3\n</think>\n\n<answer>\n7\n</answer>", 0.5),
+    ("  \n<think>a</think>  \n <answer>7</answer>", 0.5),
+    ("<think>a</think><answer>7</answer> trailing words allowed", 0.5),
+    ("<think></think><answer></answer>", 0.5),  # soft: empty blocks are still the shape
+    ("<think>a</think> b </think><answer>7</answer>", 0.5),  # a later </think> hands over to the answer
+    ("<think>a</think>" + " " * 10_000 + "<answer>7</answer>", 0.5),
+    ("<think>a</think>\n<answer>7", 0.0),  # answer never closed
+    ("<think>a</think> so <answer>7</answer>", 0.0),  # text between the blocks
+    ("<think>a<answer>7</answer>", 0.0),  # think never closed
+    ("Sure! <think>a</think><answer>7</answer>", 0.0),  # must start with the think block
+    ("<answer>7</answer><think>a</think>", 0.0),
+    ("<answer>7</answer>", 0.0),
+    ("<THINK>a</THINK><ANSWER>7</ANSWER>", 0.0),  # tags are case-sensitive
+    ("", 0.0),
+]
+
+
+@pytest.mark.parametrize(("completion", "expected"), FORMAT_CASES)
 def test_format(completion, expected):
     assert run("format", completion) == expected
+
+
+@pytest.mark.parametrize("prefill", ["", "<think>"])
+def test_notebook_00s_format_reward_scores_the_case_table_as_the_built_in(prefill):
+    """Notebook 00 trains with its own `soft_format` in place of the built-in `format`: they must score alike."""
+    soft_format = notebook_cell("00_train_grpo_colab.ipynb", "c12a")["soft_format"]
+    cases = [completion.removeprefix(prefill) for completion, _ in FORMAT_CASES if completion.startswith(prefill)]
+    prefills = [prefill] * len(cases)
+    assert REWARDS["format"](cases, prefill=prefills) == soft_format(cases, prefill=prefills)
+    if not prefill:
+        assert soft_format(cases, prefill=prefills) == [expected for _, expected in FORMAT_CASES]
 
 
 def test_format_matches_multi_line_reasoning():
