@@ -171,25 +171,38 @@ class FastLanguageModel:
     @staticmethod
     def from_pretrained(model_name, *, max_seq_length=1024, dtype=None, load_in_4bit=False, fast_inference=False,
                         max_lora_rank=16, gpu_memory_utilization=0.5, backend="auto"):
+        import gc
+
         import torch
 
         backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
         name = str(dtype or "float32").removeprefix("torch.")  # transformers takes the name ("auto" too)
-        dtype = getattr(torch, name, None)  # Unsloth takes a torch dtype; None ("auto"): it picks
-        if fast_inference and (error := _vllm_import_error()) is not None:  # after prepare_backend (Unsloth first)
-            print(f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same "
+        vllm_off = fast_inference and _vllm_import_error()  # after prepare_backend: Unsloth first
+        if vllm_off:
+            print(f"vLLM off: it cannot be imported ({vllm_off}). Generation uses {backend}'s generate (slower, same "
                   "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
                   "and restart the runtime.", flush=True)
-        elif fast_inference and backend == "unsloth":
-            return _unsloth_with_vllm(model_id, max_seq_length, dtype, load_in_4bit, max_lora_rank,
-                                      gpu_memory_utilization)
-        if backend == "unsloth":
-            model, tokenizer = _unsloth_load(model_name=model_id, max_seq_length=max_seq_length, dtype=dtype,
-                                             load_in_4bit=load_in_4bit, fast_inference=False,
-                                             max_lora_rank=max_lora_rank, gpu_memory_utilization=0.5)
-        else:
+        if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
             model, tokenizer = _transformers_load(model_id, name, load_in_4bit)
-        if fast_inference:
+        else:  # Unsloth takes a torch dtype (None for "auto": it picks)
+            kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=getattr(torch, name, None),
+                          load_in_4bit=load_in_4bit, max_lora_rank=max_lora_rank,
+                          gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5)
+            try:
+                model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference and not vllm_off)
+            # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
+            # missing CUDA library); a TypeError or AttributeError is a bug, and is not retried.
+            except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
+                if not fast_inference or vllm_off:
+                    raise
+                print(f"vLLM off: its engine did not start ({_first_line(error)}). Generation uses Unsloth's generate "
+                      "(slower). To use vLLM: restart the runtime to free GPU memory, or lower --set "
+                      "vllm_gpu_memory_utilization.", flush=True)
+                gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
+                torch.cuda.empty_cache()
+                model, tokenizer = _unsloth_load(**kwargs, fast_inference=False)
+                vllm_off = True
+        if vllm_off:
             model.vllm_engine = None  # without_failed_vllm reads this
         return model, tokenizer
 
@@ -220,28 +233,6 @@ def _unsloth_load(**kwargs):
     model, tokenizer = Unsloth.from_pretrained(**kwargs)
     model.grpo_kit_backend = "unsloth"  # get_peft_model reads this
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    return model, tokenizer
-
-
-def _unsloth_with_vllm(model_id, max_seq_length, dtype, load_in_4bit, max_lora_rank, gpu_memory_utilization):
-    import gc
-
-    import torch
-
-    kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=dtype, load_in_4bit=load_in_4bit,
-                  max_lora_rank=max_lora_rank, gpu_memory_utilization=gpu_memory_utilization)
-    try:
-        return _unsloth_load(**kwargs, fast_inference=True)
-    # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a missing CUDA
-    # library); a TypeError or AttributeError is a bug, and is not retried.
-    except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
-        print(f"vLLM off: its engine did not start ({_first_line(error)}). Generation uses Unsloth's generate "
-              "(slower). To use vLLM: restart the runtime to free GPU memory, or lower --set "
-              "vllm_gpu_memory_utilization.", flush=True)
-    gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
-    torch.cuda.empty_cache()
-    model, tokenizer = _unsloth_load(**kwargs, fast_inference=False)
-    model.vllm_engine = None  # without_failed_vllm reads this
     return model, tokenizer
 
 

@@ -148,6 +148,13 @@ def test_vllm_missing_on_the_transformers_backend_loads_without_it_and_says_so(m
     assert len(seen) == 1 and "vLLM off: it cannot be imported" in capsys.readouterr().out
 
 
+def test_vllm_on_the_transformers_backend_stays_on_for_trls_own_engine(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # importable
+    monkeypatch.setattr(models, "_transformers_load", lambda *args: (types.SimpleNamespace(), None))
+    model, _ = models.FastLanguageModel.from_pretrained("some/model", fast_inference=True, backend="transformers")
+    assert models.without_failed_vllm(load_recipe("cpu", use_vllm=True), model).grpo.use_vllm is True
+
+
 def test_unsloth_starts_its_own_vllm_only_when_colocated(fake_gpu):
     with pytest.raises(_Stop):
         models.load_model(load_recipe("a100-80gb"))
