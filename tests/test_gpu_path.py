@@ -211,6 +211,33 @@ def test_unsloth_loads_in_the_recipes_precision(fake_unsloth, recipe, dtype):
     assert fake_unsloth.loads[-1]["dtype"] is dtype
 
 
+def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(fake_unsloth, monkeypatch, tmp_path, capsys):
+    """Notebook 00's settings, CPU/CI, values and model cells on a (fake) T4: the CPU/CI cell changes nothing, auto
+    picks the t4 tier, and Unsloth gets the T4 run's values, vLLM colocated, in fp16."""
+    import json
+
+    import grpo_kit.colab
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    notebook = Path(__file__).resolve().parents[1] / "notebooks" / "00_train_grpo_colab.ipynb"
+    cells = {c["id"]: "".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]}
+    namespace: dict = {}
+    for cell in ("c04", "c04b", "c06"):
+        exec(compile(cells[cell], cell, "exec"), namespace)
+    assert namespace["CPU_RUN"] == {} and namespace["TIER"] == "t4-16gb"
+    peft = []
+    unsloth = sys.modules["unsloth"].FastLanguageModel  # imported by the values cell, before TRL's classes are used
+    monkeypatch.setattr(unsloth, "get_peft_model", lambda model, **kw: peft.append(kw) or SimpleNamespace(
+        vllm_engine=model.vllm_engine, print_trainable_parameters=lambda: None))
+    exec(compile(cells["c08"], "c08", "exec"), namespace)
+    (load,) = fake_unsloth.loads
+    assert load["model_name"] == "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit" and load["load_in_4bit"] is True
+    assert (load["dtype"], load["fast_inference"], load["gpu_memory_utilization"]) == (torch.float16, True, 0.6)
+    assert (load["max_seq_length"], load["max_lora_rank"]) == (512, 32)
+    assert peft[0]["r"] == 32 and peft[0]["use_gradient_checkpointing"] == "unsloth"
+    assert namespace["config"].use_vllm is True and type(namespace["config"]).__name__ == "UnslothGRPOConfig"
+
+
 # ------------------------------------------------------------------------------------------------ 5. tuned model on vLLM
 
 
