@@ -27,7 +27,8 @@ from grpo_kit.errors import GrpoKitError
 #: none: the data order (TRL still shuffles); entropy: lowest answer entropy (most consistent) first; accuracy: most
 #: often right first, ties by entropy; staged (grpo-training-engine): lower-entropy half first, each half shuffled.
 ORDERS = ("none", "entropy", "accuracy", "staged")
-#: keep them; drop them (DAPO's dynamic sampling, once before training); last: after every question with variance.
+#: keep them; drop them (once, before training: DAPO's dynamic sampling drops them online, per batch); last: after
+#: every question with variance.
 ZERO_VARIANCE = ("keep", "drop", "last")
 #: ``torch.isclose(std, 0)`` as TRL tests a group's reward std: |std| <= atol (rtol times 0 adds nothing).
 ZERO_STD_ATOL = 1e-8
