@@ -44,11 +44,9 @@ class NumericsError(GrpoKitError):
 
 def is_finite_number(value: Any) -> bool:
     """True for a real number that is not NaN or ±inf; None, bools and text are False."""
-    if isinstance(value, (bool, str, bytes)) or value is None:
-        return False
     try:
-        return math.isfinite(float(value))
-    except (TypeError, ValueError, OverflowError):
+        return not isinstance(value, (bool, str, bytes)) and math.isfinite(float(value))
+    except (TypeError, ValueError, OverflowError):  # None, an int too large for a float, a list
         return False
 
 
@@ -83,7 +81,7 @@ def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
 
 
 def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkpoint_is_clean: bool = True,
-                   detail: str = "") -> NumericsError:
+                   detail: str = "", where: str | None = None) -> NumericsError:
     if metric.startswith("reward/"):
         fix = (f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
                "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs.")
@@ -91,7 +89,7 @@ def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkp
         fix = ("The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
                "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
                "card; on CPU the 'cpu' recipe trains in fp32.")
-    where = f"at step {step}" if step is not None else "during training"
+    where = where or (f"at step {step}" if step is not None else "during training")
     message = (f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
                f"instead of training on silently (nothing from this step was saved). {fix}{detail}")
     return NumericsError(message + _resume_hint(run_dir, checkpoint_is_clean), step=step, metric=metric, value=value)
@@ -124,8 +122,8 @@ class GuardedReward:
             raise self._raised(error, where, completions) from error
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
-                text = _excerpt(completion_text(completions[index]), head=80, tail=0) if index < len(completions) else "n/a"
-                raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir,
+                text = _excerpt(completion_text(completions[index]), head=80, tail=0)
+                raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir, where=where,
                                      detail=f" (completion {index}: {text!r})")
         if self.samples is not None:
             self.samples.record(self.__name__, scores, completions, kwargs)
@@ -189,7 +187,7 @@ class NumericsGuard(TrainerCallback):
         bad = non_finite(logs or {})
         grad = [item for item in bad if item[0] == "grad_norm"]
         self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
-        patience = FP16_GRAD_NORM_PATIENCE if getattr(args, "fp16", False) else 1
+        patience = FP16_GRAD_NORM_PATIENCE if args.fp16 else 1
         fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
         if fatal:
             raise numerics_error(state.global_step, *fatal[0], self.run_dir)
@@ -343,16 +341,17 @@ def check_dataset_size(n_prompts: int, config, *, source: str, filtered: int = 0
     Counted from the ``GRPOConfig``: TRL's generation batch spans every process, and its ``RepeatSampler`` drops an
     incomplete batch, so fewer prompts than one batch's yield no step at all.
     """
-    needed = config.generation_batch_size // config.num_generations
+    needed, batch = config.generation_batch_size // config.num_generations, config.per_device_train_batch_size
+    processes = config.generation_batch_size // (batch * config.steps_per_generation)
     dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
-    if n_prompts < needed:
+    if n_prompts < needed:  # steps_per_generation is TRL's: gradient_accumulation_steps unless the recipe sets it
         raise GrpoKitError(
             f"The training data '{source}' has {n_prompts} usable prompt(s){dropped if filtered else ''}, but one "
             f"optimizer step needs {needed} distinct prompts (generation batch {config.generation_batch_size} = "
-            f"per_device_train_batch_size {config.per_device_train_batch_size} x gradient_accumulation_steps "
-            f"{config.gradient_accumulation_steps}, in groups of num_generations={config.num_generations}); TRL would "
-            "train 0 steps. Use more data (--data sample has 50 questions, --data arithmetic 256), or lower --set "
-            "per_device_train_batch_size / gradient_accumulation_steps"
+            f"per_device_train_batch_size {batch} x steps_per_generation {config.steps_per_generation}"
+            + (f" x {processes} processes" if processes > 1 else "") + f", in groups of num_generations="
+            f"{config.num_generations}); TRL would train 0 steps. Use more data (--data sample has 50 questions, "
+            "--data arithmetic 256), or lower --set per_device_train_batch_size / gradient_accumulation_steps"
             + (", or raise --set max_prompt_length." if filtered else "."))
     if filtered:
         warnings.warn(f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "

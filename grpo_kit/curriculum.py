@@ -126,8 +126,7 @@ def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path
     rows = [{**vars(s), "entropy": round(s.entropy, 6), "accuracy": s.accuracy, "zero_variance": s.zero_variance,
              "clusters": answer_clusters(s.answers)} for s in scores]
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
-    return Path(path)
+    return atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
 def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:
@@ -147,7 +146,7 @@ def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:
                 score = PromptScore(str(row["question"]), row.get("gold"), tuple(row["answers"]),
                                     tuple(float(r) for r in row["rewards"]), str(row.get("reward_spec", "")))
                 scores[score.question] = score
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        except (KeyError, TypeError, ValueError, AttributeError) as error:  # ValueError covers JSONDecodeError
             raise GrpoKitError(f"{path}:{number}: not a curriculum row ({type(error).__name__}: {error}). "
                                f"{rewrite}") from None
     if not scores:
@@ -157,12 +156,11 @@ def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:
 
 @dataclass(frozen=True)
 class Curriculum:
-    """How training uses a scores file: ``order`` (``ORDERS``), ``zero_variance`` (``ZERO_VARIANCE``), ``seed``."""
+    """How training uses a scores file: ``order`` (``ORDERS``), ``zero_variance`` (``ZERO_VARIANCE``)."""
 
     scores_path: str
     order: str = "entropy"
     zero_variance: str = "keep"
-    seed: int = 0
 
     def __post_init__(self) -> None:
         _choice(self.order, ORDERS, "curriculum order")
@@ -181,8 +179,7 @@ class Curriculum:
         if not scored:
             raise GrpoKitError(f"None of the {len(dataset)} training questions is in {self.scores_path}: the scores "
                                "were computed for other data. Run grpo-kit curriculum with the same --data as training.")
-        indices, n_flat = zero_variance_filter(curriculum_order(matched, self.order, self.seed), matched,
-                                               self.zero_variance)
+        indices, n_flat = zero_variance_filter(curriculum_order(matched, self.order), matched, self.zero_variance)
         if not indices:
             raise GrpoKitError(f"Every training question is zero-variance in {self.scores_path}, so --zero-variance "
                                "drop left nothing to train on. Sample more answers (--samples), raise the "
@@ -198,11 +195,11 @@ class Curriculum:
 def score_dataset(dataset, completions: Sequence[Sequence[str]], *, rewards) -> list[PromptScore]:
     """Score each row of a ``format_for_grpo`` dataset from its sampled ``completions``: each one's final number (read
     after the prefill, as the rewards read it) and reward total as TRL sums it, ``sum_k w_k f_k`` over the
-    ``rewards`` ((name or function, weight) pairs, as ``Recipe.rewards``) that returned a number (None = not
+    ``rewards`` ((name, weight) pairs, as ``Recipe.rewards``) that returned a number (None = not
     applicable; NaN when none did). The row's other columns go to every function as keyword lists, as in TRL."""
     from grpo_kit.rewards import reward_functions
 
-    funcs = [name if callable(name) else reward_functions([name])[0] for name, _ in rewards]
+    funcs = reward_functions([name for name, _ in rewards])
     weights = [weight for _, weight in rewards]
     spec = ",".join(f"{getattr(fn, '__name__', fn)}:{weight:g}" for fn, weight in zip(funcs, weights, strict=True))
     scores = []

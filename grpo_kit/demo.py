@@ -75,7 +75,7 @@ def run_demo(*, task: str = "format", max_steps: int | None = None, output_dir: 
     print(f"[2/4] training: {recipe.grpo.max_steps} steps x {recipe.prompts_per_step} question(s) x "
           f"{recipe.grpo.num_generations} completions, on {spec.data}")
     result = outcome["train"] = train(recipe, data=spec.data, output_dir=run_dir)
-    outcome["plot"] = plot_metrics(result.metrics_path, run_dir / "plots" / "rewards.png")
+    outcome["plot"] = plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
     print("\n" + first_vs_last_table(result.history) + f"\nreward plot: {outcome['plot']}\n")
 
     if evaluate_model:

@@ -92,12 +92,9 @@ def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, pre
 
 def stop_token_ids(model, tokenizer) -> list[int]:
     """End-of-turn ids: the generation config's eos id(s) plus the tokenizer's eos id, each once."""
-    ids: list[int] = []
-    for value in (getattr(getattr(model, "generation_config", None), "eos_token_id", None), tokenizer.eos_token_id):
-        for token in value if isinstance(value, (list, tuple)) else [value]:
-            if token is not None and int(token) not in ids:
-                ids.append(int(token))
-    return ids
+    ends = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ends = [*(ends if isinstance(ends, (list, tuple)) else [ends]), tokenizer.eos_token_id]
+    return list(dict.fromkeys(int(token) for token in ends if token is not None))
 
 
 def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
@@ -107,7 +104,7 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, b
 
     A model with Unsloth's vLLM engine generates there, with its active LoRA adapter (``engine_lora_request``). Any other
     through transformers: left padding; greedy when ``temperature`` is None, else plain temperature sampling
-    (``PINNED_GENERATION``); ``n_tokens`` counts up to and including the first stop token; dropout off meanwhile.
+    (``PINNED_GENERATION``); ``n_tokens`` counts up to and including the first stop token; dropout off (eval mode).
     """
     import torch
     from tqdm.auto import tqdm
@@ -126,21 +123,16 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, b
                               max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
                               pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
     results: list[list[tuple[str, int]]] = []
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
-        for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
-            inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
-                               padding_side="left")
-            inputs = inputs.to(next(model.parameters()).device)
-            with torch.no_grad():
-                new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
-            lengths = [next((i + 1 for i, t in enumerate(row.tolist()) if t in stops), len(row)) for row in new]
-            pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
-            results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]
-    finally:
-        if was_training:
-            model.train()
+    model.eval()  # dropout off; a trainer puts the model back in train mode at every step (Trainer.training_step)
+    for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
+        inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
+                           padding_side="left")
+        inputs = inputs.to(next(model.parameters()).device)
+        with torch.no_grad():
+            new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
+        lengths = [next((i + 1 for i, t in enumerate(row.tolist()) if t in stops), len(row)) for row in new]
+        pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
+        results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]
     return results
 
 
@@ -402,7 +394,7 @@ def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[
     else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with."""
     from grpo_kit.runs import read_run_info
 
-    recipe = (read_run_info(Path(adapter).resolve().parent) or {}).get("recipe") or {} if adapter else {}
+    recipe = read_run_info(Path(adapter).resolve().parent).get("recipe") or {} if adapter else {}
     config = Path(adapter or "") / "adapter_config.json"
     if adapter and not model:
         model = recipe.get("model_name_or_path") or (

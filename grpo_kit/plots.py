@@ -64,14 +64,14 @@ def _line(ax, rows: list[dict], key: str, label: str, **style) -> None:
 def plot_before_after(results, path: str | os.PathLike) -> Path:
     """Grouped bars (strict/lenient accuracy, format rate, in %) of named ``EvalResult``s, saved as a PNG."""
     metrics = [("strict acc.", "accuracy_strict"), ("lenient acc.", "accuracy_lenient"), ("format rate", "format_rate")]
-    width = 0.8 / max(len(results), 1)
+    width = 0.8 / len(results)
     ax = _figure(False, (6, 3.5)).subplots()
     for i, (name, result) in enumerate(results.items()):
         bars = ax.bar([m + i * width for m in range(len(metrics))], [100 * getattr(result, k) for _, k in metrics],
                       width, label=name)
         ax.bar_label(bars, fmt="%.0f", fontsize=8)
     ax.set_xticks([m + width * (len(results) - 1) / 2 for m in range(len(metrics))], [t for t, _ in metrics])
-    n = max((result.n for result in results.values()), default=0)
+    n = max(result.n for result in results.values())
     ax.set(ylabel="%", ylim=(0, 105), title=f"held-out evaluation (n={n})")
     ax.legend()
     return _finish(ax.figure, path, False)

@@ -200,13 +200,12 @@ def cli_train(args) -> int:
         recipe = load_recipe(args.preset, **changes)
     result = train(recipe, data=args.data, output_dir=args.output, resume=args.resume,
                    curriculum=_curriculum_from_args(args), lenient=args.lenient,
-                   show_completions=args.show_completions or 0)
+                   show_completions=args.show_completions)
     from accelerate import PartialState
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
         # a finished run that only resumed changed nothing, not even the plot
-        plot = None if result.already_finished else plot_metrics(result.metrics_path,
-                                                                 result.run_dir / "plots" / "rewards.png")
+        plot = None if result.already_finished else plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
     return 0
 

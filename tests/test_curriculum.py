@@ -226,9 +226,11 @@ def test_cli_zero_variance_without_scores_is_a_clear_error(capsys):
 # ------------------------------------------------------------------------------------------------ scoring
 
 
-def test_rewards_are_summed_like_trl():
+def test_rewards_are_summed_like_trl(monkeypatch):
     """Weighted sum over the functions that returned a number; a completion no function scores is NaN (TRL)."""
     from datasets import Dataset
+
+    from grpo_kit.rewards import REWARDS
 
     dataset = Dataset.from_dict({"prompt": ["p"], "question": ["q"], "answer": ["1"], "prefill": [""]})
     def first(completions, **kwargs):
@@ -237,8 +239,11 @@ def test_rewards_are_summed_like_trl():
     def second(completions, **kwargs):
         return [0.5, 0.5, None]
 
-    (score,) = score_dataset(dataset, [["a", "b", "c"]], rewards=[(first, 2.0), (second, 1.0)])
+    monkeypatch.setitem(REWARDS, "first", first)
+    monkeypatch.setitem(REWARDS, "second", second)
+    (score,) = score_dataset(dataset, [["a", "b", "c"]], rewards=[("first", 2.0), ("second", 1.0)])
     assert score.rewards[:2] == (2.5, 0.5) and math.isnan(score.rewards[2])
+    assert score.reward_spec == "first:2,second:1"
 
 
 def _constructed_case():

@@ -114,6 +114,16 @@ def test_too_few_prompts_for_one_step_is_refused(tmp_path):
     assert "0 steps" in message and "--data sample" in message and "per_device_train_batch_size" in message
 
 
+def test_too_little_data_counts_the_batch_as_trl_does_with_steps_per_generation(tmp_path):
+    """TRL's generation batch is batch x steps_per_generation (accumulation only by default): 1 x 4 / 4 = 1 prompt."""
+    config = load_recipe("t4-16gb", output_dir=str(tmp_path), gradient_accumulation_steps=3, steps_per_generation=4).grpo
+    check_dataset_size(1, config, source="one.jsonl")
+    config = load_recipe("t4-16gb", output_dir=str(tmp_path), steps_per_generation=8).grpo
+    with pytest.raises(GrpoKitError, match=r"needs 2 distinct prompts \(generation batch 8 = per_device_train_batch_size "
+                       r"1 x steps_per_generation 8, in groups of num_generations=4\)"):
+        check_dataset_size(1, config, source="one.jsonl")
+
+
 def test_long_prompts_dropped_are_counted(tmp_path):
     config = _config(tmp_path, num_generations=2, per_device_train_batch_size=2)
     with pytest.warns(UserWarning, match=r"2 prompt\(s\) longer than max_prompt_length=512 tokens were left out"):

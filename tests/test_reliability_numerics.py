@@ -15,6 +15,7 @@ from grpo_kit.callbacks import (
     GuardedReward,
     NumericsError,
     NumericsGuard,
+    check_rewards,
     guard_numerics,
     guard_rewards,
     is_finite_number,
@@ -23,6 +24,8 @@ from grpo_kit.callbacks import (
 )
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.models import load_tokenizer
+from grpo_kit.rewards import completion_text
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
@@ -96,6 +99,14 @@ def test_checked_reward_passes_finite_and_none_and_rejects_nan_inf():
     assert info.value.step == 12 and info.value.metric == "reward/mixed"
     assert "completion 1" in str(info.value) and "'bad one'" in str(info.value)
     assert [is_finite_number(v) for v in (1, 2.5, NAN, -INF, None, "1")] == [True, True, False, False, False, False]
+
+
+def test_a_nan_reward_on_the_test_call_before_loading_says_so_not_a_training_step(embedded_dir):
+    def nan_for_empty(completions, **kwargs):
+        return [NAN if not completion_text(c) else 0.0 for c in completions]
+
+    with pytest.raises(NumericsError, match="reward/nan_for_empty is nan on a test call before any weights loaded"):
+        check_rewards([nan_for_empty], {"prompt": "What is 2 + 2?", "answer": "4"}, load_tokenizer(str(embedded_dir)))
 
 
 def test_guard_rewards_wraps_plain_functions_only():
