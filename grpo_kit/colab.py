@@ -106,7 +106,7 @@ def copy_to_drive(folder: str | os.PathLike, *, include: Iterable[str] | None = 
     into place, so an interrupted copy never looks finished; an older copy is renamed aside (``<name>.old-<time>``),
     never deleted.
     """
-    from grpo_kit.runs import set_aside
+    from grpo_kit.runs import set_aside, staged_dir
 
     folder = Path(folder)
     if not folder.is_dir():
@@ -123,14 +123,11 @@ def copy_to_drive(folder: str | os.PathLike, *, include: Iterable[str] | None = 
                            f"{sorted(e.name for e in folder.iterdir())}.")
     check_fits({entry.name: size_bytes(entry) for entry in entries}, dest, what=f"the copy of {folder.name}")
     target = Path(dest) / folder.name
-    staging = target.with_name(f".{target.name}.copying")
-    shutil.rmtree(staging, ignore_errors=True)  # a copy interrupted earlier
-    staging.mkdir(parents=True)
-    for entry in entries:
-        if entry.is_dir():
-            shutil.copytree(entry, staging / entry.name)
-        else:
-            shutil.copy2(entry, staging / entry.name)
-    set_aside(target)
-    os.rename(staging, target)
+    with staged_dir(target, name=f".{target.name}.copying") as staging:  # a fixed name: a killed copy's goes next time
+        for entry in entries:
+            if entry.is_dir():
+                shutil.copytree(entry, staging / entry.name)
+            else:
+                shutil.copy2(entry, staging / entry.name)
+        set_aside(target)  # before staged_dir's rename, which would delete an older copy
     return target

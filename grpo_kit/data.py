@@ -225,14 +225,10 @@ def _hub_records(split: str):
             datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
         hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
-        why = "the Hub is unreachable from this machine and no cached copy was found" if unreachable else (
-            f"{type(err).__name__}: {str(err)[:200]}")
-        raise GrpoKitError(
-            f"Could not load {HUB_DATASET} (config {HUB_CONFIG!r}, split {split!r}) from the Hugging Face Hub or its "
-            f"cache: {why}\nCheck your network connection (and that HF_HUB_OFFLINE / HF_DATASETS_OFFLINE are not set), "
-            f"or work without the Hub:\n  - the bundled sample:  --data sample   (load_gsm8k('sample', {split!r}))\n"
-            "  - a local file:        --data path/to/train.jsonl   (.jsonl, .json, .parquet or .csv with 'question' "
-            "and 'answer' fields, the answer ending in '#### N')") from err
+        why = "the Hub is unreachable and no cached copy was found" if unreachable else f"{type(err).__name__}: {err}"
+        raise GrpoKitError(f"Could not load {HUB_DATASET} (split {split!r}) from the Hub or its cache: {why[:200]}. "
+                           "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
+                           f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE).") from err
     finally:
         datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
     return ((f"row {index}", row) for index, row in enumerate(hub, start=1))
@@ -302,15 +298,19 @@ def _json_records(data: bytes, name: str):
 def _csv_records(data: bytes, name: str):
     """Rows of a CSV file with a header line naming 'question' and 'answer' (quoted multi-line cells are fine)."""
     reader = csv.DictReader(io.StringIO(_text(data, name, "UTF-8 CSV"), newline=""))
-    missing = [column for column in ("question", "answer") if column not in (reader.fieldnames or [])]
-    if missing:
-        raise GrpoKitError(f"{name}: missing column(s) {missing}; the header line has {reader.fieldnames}. A GSM8K CSV "
-                           "needs the columns 'question' and 'answer' (the answer ending in '#### N', or a plain number).")
+    _need_columns(name, reader.fieldnames or [])
     try:
         for record in reader:
             yield f"line {reader.line_num}", {"question": record["question"], "answer": record["answer"]}
     except csv.Error as err:
         raise GrpoKitError(f"{name}, line {reader.line_num}: not valid CSV ({err}).") from err
+
+
+def _need_columns(name, found: list[str]) -> None:
+    missing = [column for column in ("question", "answer") if column not in found]
+    if missing:
+        raise GrpoKitError(f"{name}: missing column(s) {missing}; found {found}. GSM8K data needs 'question' and "
+                           "'answer' (the answer ending in '#### N', or a plain number).")
 
 
 def _parquet_records(path: Path):
@@ -321,10 +321,7 @@ def _parquet_records(path: Path):
         table = pq.read_table(path)
     except (pa.ArrowException, OSError) as err:
         raise GrpoKitError(f"{path}: not a readable Parquet file ({err}). Re-export it, or use .jsonl.") from err
-    missing = [column for column in ("question", "answer") if column not in table.column_names]
-    if missing:
-        raise GrpoKitError(f"{path}: missing column(s) {missing}; found {table.column_names}. A GSM8K file needs "
-                           "'question' and 'answer' (the answer ending in '#### N', or a plain number).")
+    _need_columns(path, table.column_names)
     return ((f"row {i}", record) for i, record in enumerate(table.select(["question", "answer"]).to_pylist(), start=1))
 
 
@@ -457,14 +454,11 @@ def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYST
     """
     from datasets import Dataset
 
-    missing = [column for column in ("question", "answer") if column not in dataset.column_names]
-    if missing:
-        raise GrpoKitError(f"format_for_grpo needs columns 'question' and 'answer' (from load_gsm8k); missing {missing}.")
+    _need_columns("format_for_grpo's dataset", dataset.column_names)
     if len(dataset) == 0:
         raise GrpoKitError("format_for_grpo got an empty dataset; load some rows first.")
     if tokenizer is None and (prefill or max_prompt_tokens is not None):
-        raise GrpoKitError(f"{f'prefill={prefill!r}' if prefill else 'max_prompt_tokens'} needs the tokenizer (to render "
-                           "the chat template and count tokens); pass tokenizer=...")
+        raise GrpoKitError(f"{'prefill' if prefill else 'max_prompt_tokens'} needs the tokenizer; pass tokenizer=...")
     rows, lengths = [], []
     for question, answer in zip(dataset["question"], dataset["answer"], strict=True):
         messages = build_messages(question, system_prompt=system_prompt, few_shot=few_shot)

@@ -359,8 +359,7 @@ def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
 
 def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
     merged.to(getattr(torch, dtype_name))
-    merged.config.dtype = dtype_name
-    merged.save_pretrained(folder)
+    merged.save_pretrained(folder)  # it records the parameters' dtype in config.json
     tokenizer.save_pretrained(folder)
 
 
@@ -387,7 +386,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     asked = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     wanted = [f for f in FORMATS if f in asked]  # in canonical order
-    gguf_types = gguf_files.parse_gguf_types(gguf_type) if "gguf" in wanted else []
+    gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)

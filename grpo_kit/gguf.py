@@ -58,18 +58,12 @@ NO_FILES_HELP = ("Unsloth converts with llama.cpp, which it builds on first use 
 RESULT_PREFIX = "grpo-kit-result: "
 
 
-def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str, how: str = "") -> list[str]:
+def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
     """``"F16, q4_k_m"`` or ``["f16"]`` -> ``["f16", "q4_k_m"]``: lower case, in order, once each, all ``allowed``."""
     items = list(dict.fromkeys(t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)))
     if not (items := [t for t in items if t]) or (unknown := [t for t in items if t not in allowed]):
-        raise GrpoKitError(f"Unknown {what} {items and unknown}; choose from {', '.join(allowed)}{how}.")
+        raise GrpoKitError(f"Unknown {what} {items and unknown}; choose from {', '.join(allowed)}.")
     return items
-
-
-def parse_gguf_types(spec: str | Sequence[str]) -> list[str]:
-    """The GGUF types asked for, the first the Modelfile's; which writer makes them is decided by the export."""
-    return parse_names(spec, GGUF_TYPES, "GGUF type(s)", " (f16, q8_0 also on a CPU for llama models with the SmolLM2 "
-                       "tokenizer; the k-quants on a GPU with Unsloth)")
 
 
 def cpu_writer_problem(config, tokenizer, gguf_types: Sequence[str]) -> str | None:

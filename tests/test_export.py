@@ -49,9 +49,10 @@ def test_parse_formats_and_names(run_dir, tmp_path):
     with pytest.raises(GrpoKitError, match="lora, merged16, gguf"):
         export(run_dir / "adapter", "lora, merged_4bit", out_dir=tmp_path / "exports")
     assert not (tmp_path / "exports").exists()
-    assert gguf_module.parse_gguf_types("Q8_0, f16,q8_0") == ["q8_0", "f16"]
+    assert gguf_module.parse_names("Q8_0, f16,q8_0", gguf_module.GGUF_TYPES, "GGUF type(s)") == ["q8_0", "f16"]
     with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
-        gguf_module.parse_gguf_types("q3_k_s")
+        export(run_dir / "adapter", "gguf", gguf_type="q3_k_s", out_dir=tmp_path / "exports")
+    assert not (tmp_path / "exports").exists()
     assert default_name(tmp_path / "my-run" / "adapter") == "my-run"
     assert default_name(tmp_path / "my-run" / "checkpoint-40") == "my-run-checkpoint-40"
 
