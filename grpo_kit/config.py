@@ -243,11 +243,19 @@ SANE = {
 }
 
 
+#: The ModelConfig fields the kit's loader passes on (``models.load_model``: Unsloth's ``FastLanguageModel`` arguments).
+LOADER_FIELDS = ("model_name_or_path", "dtype", "use_peft", "load_in_4bit", "lora_r", "lora_alpha", "lora_dropout",
+                 "lora_target_modules", "use_rslora", "lora_modules_to_save")
+
+
 def _check(recipe: Recipe) -> None:
     """The kit's own rules: its fields, and values that parse but cannot be meant."""
     from grpo_kit.rewards import REWARDS
 
     g, k, name = recipe.grpo, recipe.kit, recipe.name
+    if unused := [key for key in recipe.values if hasattr(recipe.model, key) and key not in LOADER_FIELDS]:
+        raise GrpoKitError(f"Recipe {name}: {', '.join(unused)} would be ignored: models load through "
+                           f"FastLanguageModel, which takes {', '.join(LOADER_FIELDS)}. Remove it.")
     parsed = {key: getattr(part, key) for part in (g, recipe.model, k) for key in recipe.values if hasattr(part, key)}
     bad = [(key, item) for key, v in parsed.items() for item in (v if isinstance(v, list) else [v])
            if isinstance(item, float) and not math.isfinite(item)]

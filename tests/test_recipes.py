@@ -163,3 +163,10 @@ def test_a_gpu_recipe_trains_the_same_config_under_unsloths_grpoconfig_defaults(
     for field in ("vllm_importance_sampling_correction", "epsilon_high", "mask_truncated_completions", "loss_type"):
         assert getattr(patched, field) == getattr(plain, field), field
     assert patched.epsilon_high is not None  # Unsloth's trainer would otherwise choose it
+
+
+@pytest.mark.parametrize("field", ["load_in_8bit", "use_dora", "bnb_4bit_quant_type", "attn_implementation"])
+def test_a_model_field_the_loader_would_ignore_is_refused_not_dropped(field):
+    value = {"load_in_8bit": True, "use_dora": True, "bnb_4bit_quant_type": "fp4", "attn_implementation": "eager"}
+    with pytest.raises(GrpoKitError, match=f"{field} would be ignored: models load through FastLanguageModel"):
+        load_recipe("cpu", **{field: value[field]})
