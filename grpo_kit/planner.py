@@ -261,7 +261,8 @@ def auto_recipe(device=None) -> tuple[str, str]:
         smallest = runnable[0]
         model = "unsloth/Qwen2.5-1.5B-Instruct" + ("-bnb-4bit" if smallest.model.load_in_4bit else "")
         return smallest.name, (f"{device.name} ({device.vram_gb:.1f} GiB) is smaller than the smallest tier "
-                               f"({smallest.kit.vram_gb:g} GiB): use a 1.5B model, --set model_name_or_path={model}")
+                               f"({smallest.kit.vram_gb:g} GiB): use a 1.5B model (notebook 00: MODEL = "
+                               f"\"Qwen2.5-1.5B\"; grpo-kit: --set model_name_or_path={model})")
     recipe = fitting[-1]
     estimate = estimate_vram(recipe, card_gb=device.vram_gb)
     return recipe.name, (f"{device.name} with {device.vram_gb:.1f} GiB: the largest tier it runs as shipped "

@@ -151,3 +151,13 @@ def test_notebook_00s_prompts_are_the_ones_grpo_kit_train_builds(recipe, budget)
     assert notebook["train_set"]["prompt"] == expected["prompt"]
     assert notebook["train_set"]["prefill"] == expected["prefill"]
     assert 0 < too_long < len(load_gsm8k("sample"))
+
+
+def test_notebook_00_names_the_choices_when_the_tier_or_model_is_not_one_of_them(monkeypatch, tmp_path):
+    import grpo_kit.colab
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    settings = notebook_00("c04")
+    for wrong in ({"TIER": "t4"}, {"TIER": "t4-16gb", "MODEL": "llama"}):
+        with pytest.raises(ValueError, match=r"choose TIER from \['t4-16gb', .*MODEL from \['Llama-3.1-8B'"):
+            notebook_00("c06", **{**settings, "CPU_RUN": {}, **wrong})
