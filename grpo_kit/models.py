@@ -176,16 +176,16 @@ class FastLanguageModel:
         import torch
 
         backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
-        name = str(dtype or "float32").removeprefix("torch.")  # transformers takes the name ("auto" too)
+        name = None if dtype is None else str(dtype).removeprefix("torch.")  # transformers takes the name ("auto" too)
         vllm_off = fast_inference and _vllm_import_error()  # after prepare_backend: Unsloth first
         if vllm_off:
             print(f"vLLM off: it cannot be imported ({vllm_off}). Generation uses {backend}'s generate (slower, same "
                   "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
                   "and restart the runtime.", flush=True)
         if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
-            model, tokenizer = _transformers_load(model_id, name, load_in_4bit)
-        else:  # Unsloth takes a torch dtype (None for "auto": it picks)
-            kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=getattr(torch, name, None),
+            model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
+        else:  # Unsloth takes a torch dtype (None or "auto": it picks)
+            kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=getattr(torch, name or "", None),
                           load_in_4bit=load_in_4bit, max_lora_rank=max_lora_rank,
                           gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5)
             try:

@@ -272,7 +272,7 @@ def auto_recipe(device=None) -> tuple[str, str]:
 
 #: Seconds a T4 takes per completion token of a GRPO step (vLLM sampling + 4-bit LoRA training of Llama-3.1-8B):
 #: two recorded T4 runs of Unsloth's 8B GRPO notebook took ~47 and ~55 s a step for G=6 completions of up to 200
-#: tokens (docs/VRAM.md, "T4 time"). Not measured by this kit: no T4 run of it exists yet.
+#: tokens (README, "How long the free T4 takes"). Not measured by this kit: no T4 run of it exists yet.
 T4_SECONDS_PER_TOKEN = (47 / (6 * 200), 55 / (6 * 200))
 T4_EVAL_TOKENS_PER_SECOND = 300  # Unsloth's figure for vLLM generation on a T4 (8B)
 

@@ -205,6 +205,12 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
 # ------------------------------------------------------------------------------------------------ 3. dtype to Unsloth
 
 
+def test_fast_language_model_without_a_dtype_lets_unsloth_pick_as_unsloths_own_does(fake_unsloth):
+    models.FastLanguageModel.from_pretrained("some/model")
+    models.FastLanguageModel.from_pretrained("some/model", dtype="auto")
+    assert [load["dtype"] for load in fake_unsloth.loads] == [None, None]
+
+
 @pytest.mark.parametrize(("recipe", "dtype"), [("t4-16gb", torch.float16), ("a100-80gb", torch.bfloat16)])
 def test_unsloth_loads_in_the_recipes_precision(fake_unsloth, recipe, dtype):
     models.load_model(load_recipe(recipe))  # the fake card is sm80: the t4 recipe's fp16 must still win
