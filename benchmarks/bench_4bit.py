@@ -7,7 +7,7 @@ alternate the two sides and the first step of each run (warm-up) is not counted.
 ``gap``: trains ``cpu-answers`` on the NF4 copy (one-step arithmetic), exports merged16 (the LoRA merged into the
 16-bit original, as a user ships it), then compares the two models a user meets: "4-bit base + LoRA" (what GRPO
 trained and what the training metrics describe) and "16-bit merged" (what the export holds). Prints max and mean
-|Δlogit| on the export's probe prompts and greedy held-out accuracy of both (paired, same questions).
+|Δlogit| on three probe prompts and greedy held-out accuracy of both (paired, same questions).
 
     .venv/bin/python benchmarks/bench_4bit.py speed [--rounds 2] [--steps 3]
     .venv/bin/python benchmarks/bench_4bit.py gap [--steps 10] [--questions 100]
@@ -27,6 +27,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+#: Two questions chat-formatted (one with the ``<think>`` prefill the recipes use) and one raw text.
+PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
+          "Tom reads 23 pages a day for 6 days. How many pages does he read?", "The sum of 17 and 25 is")
 
 
 def one_run(recipe: str, steps: int, out: str) -> None:
@@ -64,8 +68,8 @@ def gap(steps: int, questions: int) -> None:
 
     from grpo_kit.config import load_recipe
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate, paired_difference
-    from grpo_kit.export import export, load_reference, model_logits
+    from grpo_kit.evaluate import build_prompts, evaluate, paired_difference
+    from grpo_kit.export import export
     from grpo_kit.models import EMBEDDED_4BIT_ID, load_inference_model
     from grpo_kit.train import train
 
@@ -73,9 +77,16 @@ def gap(steps: int, questions: int) -> None:
     out = Path("runs") / f"bench-4bit-gap-{time.strftime('%Y%m%d-%H%M%S')}"
     result = train(recipe, data="arithmetic-1step", output_dir=out)
     merged = export(result.adapter_dir, ("merged16",), out_dir=out / "exports", name="merged")[0].path
-    trained, tokenizer, reference = load_reference(EMBEDDED_4BIT_ID, result.adapter_dir)  # 4-bit base + LoRA
+    trained, tokenizer = load_inference_model(EMBEDDED_4BIT_ID, result.adapter_dir)  # 4-bit base + LoRA
     shipped, _ = load_inference_model(str(merged))
-    deltas = [(a - b).abs() for a, b in zip(reference.tuned, model_logits(shipped, reference.prompts), strict=True)]
+    texts = [build_prompts([PROBES[0]], tokenizer)[0], build_prompts([PROBES[1]], tokenizer, prefill="<think>\n")[0],
+             PROBES[2]]
+
+    def logits(model):
+        with torch.no_grad():
+            return [model(**tokenizer(text, return_tensors="pt")).logits[0].float() for text in texts]
+
+    deltas = [(a - b).abs() for a, b in zip(logits(trained), logits(shipped), strict=True)]
     print(f"\n{recipe.name} on {EMBEDDED_4BIT_ID}: {result.steps} steps in {result.seconds:.0f} s")
     stored = json.loads((merged / "config.json").read_text()).get("dtype")
     print(f"|Δlogit| 4-bit+LoRA vs merged16 (stored in {stored}), {len(deltas)} probe prompts: "

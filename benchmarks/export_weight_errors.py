@@ -3,13 +3,15 @@
     .venv/bin/python benchmarks/export_weight_errors.py [--std 0.05]
 
 A random LoRA (B ~ N(0, std), r=4, alpha=8, all projections) on the embedded SmolLM2-135M is merged with PEFT and
-written as bf16 safetensors and as GGUF f16 / q8_0 (the CPU writer); each is checked with
-``grpo_kit.export.check_weights``, and its worst ``max |d|`` is printed beside that tensor's limit.
+stored as bf16 and fp16 safetensors (checked with ``grpo_kit.export.check_weights``), and each merged matrix is
+rounded through GGUF's q8_0 (gguf-py's reference quantizer, llama.cpp's block format), whose worst error is printed
+beside ``grpo_kit.gguf.WEIGHT_RTOL``'s limit.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import tempfile
 from pathlib import Path
 
@@ -19,12 +21,13 @@ def main() -> None:
     parser.add_argument("--std", type=float, default=0.05)
     args = parser.parse_args()
 
+    import gguf
     import torch
     from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from grpo_kit.export import check_weights
-    from grpo_kit.gguf import write_gguf
+    from grpo_kit.gguf import WEIGHT_RTOL
     from grpo_kit.models import embedded_model_path
 
     base = Path(embedded_model_path())
@@ -38,14 +41,17 @@ def main() -> None:
                 param.normal_(0.0, args.std)
     lora.save_pretrained(work / "adapter")
     merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(work / "adapter")).merge_and_unload()
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    results = []
-    for gguf_type in ("f16", "q8_0"):
-        path = write_gguf(merged, tokenizer, work / f"m-{gguf_type}.gguf", gguf_type)
-        results.append(check_weights("gguf", path, base, work / "adapter", gguf_type))
-    merged.to(torch.bfloat16).save_pretrained(work / "merged16")
-    results.append(check_weights("merged16", work / "merged16", base, work / "adapter", "bfloat16"))
-    for r in results:
+    worst = 0.0  # q8_0: max |d| / max |w| over the 2-D matrices (the ones q8_0 stores)
+    for tensor in merged.state_dict().values():
+        if tensor.ndim == 2 and tensor.shape[-1] % 32 == 0:
+            w = tensor.float().numpy()
+            back = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
+                                          gguf.GGMLQuantizationType.Q8_0)
+            worst = max(worst, float(abs(back - w).max() / abs(w).max()))
+    print(f"q8_0: worst max|d| / max|w| {worst:.4g} (limit {WEIGHT_RTOL['q8_0']:.4g})")
+    for dtype in ("bfloat16", "float16"):
+        copy.deepcopy(merged).to(getattr(torch, dtype)).save_pretrained(work / dtype)
+        r = check_weights("merged16", work / dtype, base, work / "adapter", dtype)
         print(f"{r.detail}\n    worst max|d| {r.max_abs_diff:.4g} (that tensor's limit {r.tolerance:.4g}); mean |d| to "
               f"base+LoRA {r.mean_abs_diff:.2e} vs to base {r.mean_abs_diff_base:.2e}")
 

@@ -165,8 +165,8 @@ class Run:
 #: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, about 30 minutes of GPU
 #: time in all, a cold machine after ~30 s idle). One device call per stage (``benchmarks/gpu_bundle.py calls``), each
 #: within ``STAGE_SECONDS``, each independent of the others. All under the T4 tier's 14.7 GiB cap: the real weights,
-#: the 1.5B fallback and its export by logits; the 8B's GRPO steps; the 8B's export, whose 16-bit base does not fit
-#: the cap, so it takes the T4/L4 route (Unsloth merges shard by shard; checked weight by weight).
+#: the 1.5B fallback and its export; the 8B's GRPO steps; the 8B's export under the cap (Unsloth merges shard by
+#: shard where it is installed; checked weight by weight).
 STAGES = {
     1: (Run("kit", "t4-16gb", REAL), Run("kit", "t4-16gb", "qwen2.5-1.5b"), Run("export", "t4-16gb", "qwen2.5-1.5b")),
     2: (Run("kit", "t4-16gb", "llama-3.1-8b"),),
@@ -389,7 +389,7 @@ def markdown_table(result: dict) -> str:
     for row in exports:
         for item in row["exports"]:
             lines.append(
-                f"\nExport {item['format']}: max |dlogit| {item['max_abs_diff']:.2e} <= tolerance "
+                f"\nExport {item['format']}: max |d| {item['max_abs_diff']:.2e} <= tolerance "
                 f"{item['tolerance']:.2e} ({item['detail']})"
             )
     return "\n".join(lines) + "\n"

@@ -9,7 +9,7 @@ The story, in four steps, each one call into the kit:
    the partial-credit ``tag_progress`` reward. Some completions in each group then close the tags and score higher,
    and GRPO pushes the policy towards them.
 3. **After**: the same held-out questions with the trained adapter, side by side with "before".
-4. **Export**: the adapter goes to ``exports/``, verified by reloading it and comparing logits.
+4. **Export**: the adapter goes to ``exports/``, verified tensor by tensor.
 
 ``--task format`` (the default) shows *format learning*: GSM8K accuracy of a 135M model stays near zero; the README
 says so. ``--task arithmetic`` shows *answer learning*: the ``cpu-answers`` recipe on one-step synthetic arithmetic,
@@ -86,7 +86,7 @@ def run_demo(*, task: str = "format", max_steps: int | None = None, output_dir: 
             outcome[name].save(run_dir / "eval" / f"{name}.json")  # the export's model card reports them
 
     if export_adapter:
-        print("[4/4] export: adapter -> exports/, verified by reloading it")
+        print("[4/4] export: adapter -> exports/, verified tensor by tensor")
         outcome["exports"] = export(result.adapter_dir, ("lora",), out_dir="exports", name=f"demo-{stamp}")
         for item in outcome["exports"]:
             print(f"  {item}")

@@ -2,23 +2,24 @@
 
     <out_dir>/<name>/  README.md (model card)  export.json  lora/  merged16/  gguf/<name>-<type>.gguf + Modelfile
 
-**Verification.** What the kit writes (the adapter, PEFT's ``merge_and_unload``, the CPU GGUF writer) is loaded back
-the way a user would and its logits on fixed prompts compared with base+adapter's; what Unsloth writes on a GPU (GGUF
-via llama.cpp; merged16 of a base too large for the GPU in 16 bit) is compared weight by weight with base + LoRA.
-Each must stay within its storage type's limit (``grpo_kit.gguf.LIMITS``) and sit closer to base+adapter than to the
-base wherever the adapter's effect exceeds the storage noise: that catches a merge that silently dropped the LoRA.
-Everything is written into a staging folder (``grpo_kit.runs.staged_dir``), renamed into place once all checks pass.
+**Who writes what.** ``lora`` is the adapter's own files. On a GPU with Unsloth installed, Unsloth writes merged16 and
+GGUF (``grpo_kit.gguf.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for GGUF),
+as Unsloth's notebooks do; a T4 could not hold an 8B model in 16 bit for PEFT's merge. Elsewhere PEFT's
+``merge_and_unload`` merges in float32 on the CPU, stored in the base checkpoint's dtype when that is bf16/fp16, else
+bfloat16 (float32's exponent range, half the size). GGUF needs llama.cpp, so it needs Unsloth's route. A 4-bit base
+(``*-bnb-4bit``) is merged into its 16-bit original: 4-bit weights would lose the LoRA's precision.
 
-merged16 is merged in float32 and stored in the base checkpoint's dtype when that is bf16/fp16, else bfloat16
-(float32's exponent range, half the size). A 4-bit base (``*-bnb-4bit``) is merged into its 16-bit original: 4-bit
-weights would lose the LoRA's precision. The GPU routes are UNTESTED ON A GPU.
+**Verification**, the same for every route: each export is read back tensor by tensor and compared with base + LoRA
+(``check_weights``; the adapter with the run's own tensors, bit for bit), within its storage type's limit
+(``grpo_kit.gguf.WEIGHT_RTOL``), and must sit closer to base + LoRA than to the base wherever the adapter's effect
+exceeds the storage noise: that catches a merge that silently dropped the LoRA. Everything is written into a staging
+folder (``grpo_kit.runs.staged_dir``), renamed into place once all checks pass. The GPU route is UNTESTED ON A GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import json
 import os
 import re
@@ -36,14 +37,9 @@ from safetensors.torch import load_file
 
 from grpo_kit import gguf as gguf_files
 from grpo_kit import models, runs
-from grpo_kit.data import build_messages, render_prompt
 from grpo_kit.errors import GrpoKitError
 
 FORMATS = ("lora", "merged16", "gguf")
-#: Extra factor on the logit limits when the reference itself runs in 16 bit (large models on a GPU).
-HALF_PRECISION_FACTOR = 3.0
-PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
-          "Tom reads 23 pages a day for 6 days. How many pages does he read?", "The sum of 17 and 25 is")
 
 
 @dataclass(frozen=True)
@@ -70,17 +66,6 @@ class ExportResult:
                 f"({self.detail}; LoRA effect {self.lora_effect:.2e})")
 
 
-@dataclass(frozen=True)
-class Reference:
-    """Logits of base+adapter (``tuned``) and of the base alone, one float32 ``(seq, vocab)`` tensor per prompt."""
-
-    prompts: tuple
-    tuned: tuple
-    base: tuple
-    device: str = "cpu"
-    dtype: str = "float32"
-
-
 def default_name(adapter_dir: Path) -> str:
     """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
     folder = adapter_dir.resolve()
@@ -91,10 +76,10 @@ def default_name(adapter_dir: Path) -> str:
 # --------------------------------------------------------------------------------------------- the checks
 
 
-def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: str) -> ExportResult:
-    """Check ``(label, got, expected, base)`` tensors (logits per prompt, or weights per tensor; ``got`` None when the
-    export lacks it): each finite, within ``atol + rtol * max |expected|`` of ``expected``, and closer to it than to
-    ``base`` where the adapter's effect is above the noise. ``GrpoKitError`` naming the first failures."""
+def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
+    """Check ``(label, got, expected, base)`` tensors (``got`` None when the export lacks it): each finite, within
+    ``rtol * max |expected|`` of ``expected``, and closer to it than to ``base`` where the adapter's effect is above the
+    noise. ``GrpoKitError`` naming the first failures."""
     problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
     for label, got, expected, base in items:
         if got is None or got.numel() != expected.numel():
@@ -107,7 +92,7 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
             problems.append(f"{label}: NaN/inf in {' and '.join(bad)}")
             continue
         diff, change = (got - expected).abs(), (expected - base).abs()
-        limit = atol + rtol * float(expected.abs().max())
+        limit = rtol * float(expected.abs().max())
         worst = max(worst or (0.0, limit), (float(diff.max()), limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
         if not float(diff.max()) <= limit:
             problems.append(f"{label}: max |d| {float(diff.max()):.3g} exceeds the limit {limit:.3g}")
@@ -117,8 +102,8 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
         to_tuned.append(float(diff.mean()))
         to_base.append(float((got - base).abs().mean()))
         # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
-        # (the smaller distance): below that, rounding can erase the effect for real (q8_0 of a 2-step adapter moves
-        # logits by 0.14 on average, q8_0 itself by 0.13; measured), which is a note, not a broken export.
+        # (the smaller distance): below that, rounding can erase the effect for real (a q8_0 block's step is 1/254 of
+        # its largest weight, more than a short run's LoRA moves most weights), which is a note, not a broken export.
         if float(change.mean()) < 2 * min(to_tuned[-1], to_base[-1]):
             lost += 1
         elif not to_tuned[-1] < to_base[-1]:
@@ -130,65 +115,8 @@ def compare(fmt: str, items, atol: float, rtol: float, *, path: Path, detail: st
     note = f"{fmt}: the adapter changes nothing checked here (LoRA B still zero?); check that training ran." if (
         not to_tuned) else (f"{fmt}: in {lost} of {len(to_tuned)} checks the adapter's effect is lost in the storage "
                             "noise; there a merged LoRA cannot be told from a missing one." if lost else "")
-    return ExportResult(fmt, path, detail, *worst, fmean(to_tuned or [0.0]), effect, fmean(to_base or [0.0]), note)
-
-
-def check_logits(fmt: str, kind: str, logits, reference: Reference, *, path: Path, detail: str) -> ExportResult:
-    """``compare`` an export's logits, prompt by prompt, with the reference's, at ``LIMITS[kind]``."""
-    factor = HALF_PRECISION_FACTOR if reference.dtype != "float32" else 1.0
-    triples = zip(logits, reference.tuned, reference.base, strict=True)
-    items = ((f"prompt {i}", *three) for i, three in enumerate(triples))
-    atol, rtol = gguf_files.LIMITS[kind][:2]
-    return compare(fmt, items, factor * atol, factor * rtol, path=path, detail=detail)
-
-
-def model_logits(model, prompts) -> tuple:
-    """Float32 CPU logits ``(seq, vocab)`` of ``model`` for each prompt, one prompt at a time (no padding)."""
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        return tuple(model(input_ids=torch.tensor([ids], device=device)).logits[0].float().cpu() for ids in prompts)
-
-
-def load_reference(base_model: str, adapter_dir: Path):
-    """``(peft_model, tokenizer, Reference)``: base+adapter and its logits on ``PROBES`` with the adapter on and off
-    (the questions chat-formatted, one with a ``<think>`` prefill). Float32 on a CPU; on a GPU 16-bit, upcast to
-    float32 when it fits twice in GPU memory, else checked with the limits x ``HALF_PRECISION_FACTOR``."""
-    model, tokenizer = models.load_inference_model(base_model, adapter_dir)
-    dtype = "float32"
-    if torch.cuda.is_available():  # pragma: no cover - UNTESTED ON A GPU
-        quantized = getattr(model.get_base_model(), "hf_quantizer", None) is not None
-        fits = sum(p.numel() for p in model.parameters()) * 4 * 2 < torch.cuda.mem_get_info()[0]
-        model, dtype = (model.float(), "float32") if fits and not quantized else (model, models.half_dtype_name())
-    texts = list(PROBES)
-    if getattr(tokenizer, "chat_template", None):
-        prefills = ("", "<think>\n")  # one question as the model starts answering in training
-        texts[:2] = [render_prompt(build_messages(q), tokenizer, p) for q, p in zip(PROBES, prefills, strict=False)]
-    prompts = tuple(tuple(tokenizer(text)["input_ids"]) for text in texts)
-    tuned = model_logits(model, prompts)
-    with model.disable_adapter():
-        base = model_logits(model, prompts)
-    return model, tokenizer, Reference(prompts, tuned, base, str(next(model.parameters()).device), dtype)
-
-
-def verify(fmt: str, path: Path, reference: Reference, kind: str, detail: str, base_path: str = "") -> ExportResult:
-    """Load ``path`` back the way a user would, on the reference's device and dtype, and ``check_logits`` it."""
-    from transformers import AutoModelForCausalLM
-
-    kwargs = {"dtype": getattr(torch, reference.dtype), "device_map": reference.device}
-    if fmt == "lora":
-        from peft import PeftModel
-
-        # a pre-quantized base computes in its stored dtype unless told otherwise (models.match_compute_dtype)
-        base = models.match_compute_dtype(AutoModelForCausalLM.from_pretrained(base_path, **kwargs), kwargs["dtype"])
-        model = PeftModel.from_pretrained(base, str(path))
-    elif fmt == "gguf":
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, **kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    logits = model_logits(model.eval(), reference.prompts)
-    del model
-    gc.collect()  # an 8B reload holds 16 GB: give it back before the next one
-    return check_logits(fmt, kind, logits, reference, path=path, detail=detail)
+    return ExportResult(fmt, path, detail, *(worst or (0.0, 0.0)), fmean(to_tuned or [0.0]), effect,
+                        fmean(to_base or [0.0]), note)
 
 
 def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
@@ -196,8 +124,8 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     deltas of an 8B model at once would not fit in a Colab's RAM)."""
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise GrpoKitError("The weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern); export "
-                           "on a GPU where the 16-bit base fits, or with --format lora.")
+        raise GrpoKitError("The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
+                           "export --format lora.")
     scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
     weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
 
@@ -244,8 +172,21 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
             yield label, read(), base + deltas[name]() if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
-    return compare(fmt, items(), 0.0, gguf_files.LIMITS[kind][2], path=path,
-                   detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA (weights, not logits)")
+    return compare(fmt, items(), gguf_files.WEIGHT_RTOL[kind], path=path,
+                   detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA")
+
+
+def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
+    """The exported adapter's tensors against the run's, bit for bit (each compared with zero as its "base": a
+    tensor that went missing or came back zeroed fails)."""
+    got, expected = _tensors(folder), _tensors(adapter_dir)
+
+    def items():
+        for name, read in expected.items():
+            want = read().float()
+            yield name, got[name]() if name in got else None, want, torch.zeros_like(want)
+
+    return compare("lora", items(), 0.0, path=folder, detail=f"PEFT adapter: {len(expected)} tensors, bit for bit")
 
 
 # --------------------------------------------------------------------------------------------- what an export records
@@ -310,10 +251,10 @@ def model_card(info: Mapping[str, Any]) -> str:
     protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
     if protocols:
         lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
-    lines += ["", "## Verification", "", "Each file was loaded back and compared with base + adapter (its logits on "
-              "fixed prompts, or its weights) within the limit of its storage type, and had to sit closer to base + "
-              "adapter than to the base.", "", "| format | file | checked as | max diff | limit | mean diff to tuned / "
-              "to base | LoRA effect |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "## Verification", "", "Each file was read back and compared weight by weight with base + adapter "
+              "within the limit of its storage type, and had to sit closer to base + adapter than to the base.", "",
+              "| format | file | checked as | max diff | limit | mean diff to tuned / to base | LoRA effect |",
+              "|---|---|---|---|---|---|---|"]
     lines += [f"| {r['format']} | `{r['path']}` | {r['detail']} | {_g(r['max_abs_diff'])} | {_g(r['tolerance'])} | "
               f"{_g(r['mean_abs_diff'])} / {_g(r['mean_abs_diff_base'])} | {_g(r['lora_effect'])} |" for r in formats]
     usage = {"lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
@@ -357,9 +298,14 @@ def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
     tokenizer.save_pretrained(folder)
 
 
-def _write_merged16(merged, tokenizer, folder: Path, dtype_name: str) -> None:
-    merged.to(getattr(torch, dtype_name))
-    merged.save_pretrained(folder)  # it records the parameters' dtype in config.json
+def _write_merged16(base_path: str, adapter_dir: Path, tokenizer, folder: Path, dtype_name: str) -> None:
+    """PEFT's merge, in float32 on the CPU (exact; a 16-bit merge would round twice), stored in ``dtype_name``."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, device_map="cpu")
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    merged.to(getattr(torch, dtype_name)).save_pretrained(folder)  # it records the parameters' dtype in config.json
     tokenizer.save_pretrained(folder)
 
 
@@ -370,7 +316,7 @@ def _check_target(target: Path, overwrite: bool) -> None:
 
 
 def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
-           out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q8_0",
+           out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q4_k_m",
            overwrite: bool = False, push_to_hub: str | None = None, print_fn=None) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
@@ -393,58 +339,50 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
     adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     trained_on = base_model or trained_base(adapter_config, run)
-    merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone is checked on the base it was trained on
+    merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
+    by_unsloth = merging and gguf_files.unsloth_on_gpu()
+    if gguf_types and not by_unsloth:
+        raise GrpoKitError(f"GGUF files are made by llama.cpp, through Unsloth on a GPU, and this machine has "
+                           f"{'no CUDA GPU' if not torch.cuda.is_available() else 'no Unsloth'}. Export --format "
+                           "merged16 here and convert that folder with llama.cpp's convert_hf_to_gguf.py, or export "
+                           "on a GPU with Unsloth installed (the Colab notebook installs it).")
     runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
     say = print_fn or (lambda line: None)
-    too_big = gguf_files.base_too_big_for_gpu(base_path) if merging else None  # its folder: a 7-8B base on a T4/L4
-    if too_big:
-        say(f"{merge_base} does not fit in GPU memory in 16 bit: merging with Unsloth, checking weight by weight.")
-    reference_base = models.resolve_model_id(trained_on) if too_big else base_path
-    tokenizer = models.load_tokenizer(reference_base)
-    route = gguf_files.gguf_route(base_path, tokenizer, gguf_types) if gguf_types and not too_big else "cpu"
-    by_unsloth = bool(gguf_types) and (bool(too_big) or route == "unsloth")
-    unsloth_merged16 = bool(too_big) and "merged16" in wanted
+    tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth or unsloth_merged16)
+    check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth)
+    base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
     results: list[ExportResult] = []
     try:
         with runs.staged_dir(target) as staging:
-            # Unsloth first, while this process holds no model on the GPU, in its own folder (it leaves a merged
-            # checkpoint and llama.cpp's files there), removed before the rename; only its results are moved in.
-            scratch = staging / f"unsloth{staging.name}"
-            if by_unsloth or unsloth_merged16:
-                made = gguf_files.run_unsloth(adapter_dir, reference_base, scratch, gguf_types if by_unsloth else [],
-                                              merged16=unsloth_merged16, load_in_4bit=bool(too_big), say=say)
-                base_dir = too_big or gguf_files.local_base(base_path)
-            kit_merges = ("merged16" in wanted and not too_big) or (bool(gguf_types) and not by_unsloth)
-            if "lora" in wanted or kit_merges:  # with nothing to compare by logits the base model is never loaded
-                model, tokenizer, reference = load_reference(reference_base, adapter_dir)
             if "lora" in wanted:
                 _write_lora(adapter_dir, tokenizer, staging / "lora")
-                results.append(verify("lora", staging / "lora", reference, "float32",
-                                      f"PEFT adapter, checked in {reference.dtype}", reference_base))
-            merged = model.merge_and_unload() if kit_merges else None  # PEFT folds the LoRA in, in place
+                results.append(check_lora(staging / "lora", adapter_dir))
+            # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
+            # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
+            scratch = staging / f"unsloth{staging.name}"
+            if by_unsloth:
+                in_4bit = merge_base != trained_on or bool((run.get("recipe") or {}).get("load_in_4bit"))
+                made = gguf_files.run_unsloth(adapter_dir, models.resolve_model_id(trained_on), scratch, gguf_types,
+                                              merged16="merged16" in wanted, load_in_4bit=in_4bit, say=say)
             files = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
-            for kind, path in zip(gguf_types, files, strict=True):  # before merged16, which casts ``merged`` in place
+            for kind, path in zip(gguf_types, files, strict=True):
                 path.parent.mkdir(exist_ok=True)
-                if by_unsloth:
-                    shutil.move(made[kind], path)
-                    results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
-                else:
-                    gguf_files.write_gguf(merged, tokenizer, path, kind, name=name)
-                    results.append(verify("gguf", path, reference, kind, f"GGUF {kind}"))
+                shutil.move(made[kind], path)
+                results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
             if files:
                 gguf_files.write_modelfile(staging / "gguf", files, tokenizer)
-            if unsloth_merged16:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer)
-                shutil.move(made["merged16"], staging / "merged16")
-                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
-            elif "merged16" in wanted:
-                dtype = str(getattr(AutoConfig.from_pretrained(base_path), "dtype", None)).removeprefix("torch.")
-                dtype = dtype if dtype in {"bfloat16", "float16"} else "bfloat16"
-                _write_merged16(merged, tokenizer, staging / "merged16", dtype)
-                results.append(verify("merged16", staging / "merged16", reference, dtype, f"merged {dtype}"))
+            if "merged16" in wanted:
+                if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer)
+                    dtype = "bfloat16"
+                    shutil.move(made["merged16"], staging / "merged16")
+                else:
+                    dtype = str(getattr(AutoConfig.from_pretrained(base_path), "dtype", None)).removeprefix("torch.")
+                    dtype = dtype if dtype in {"bfloat16", "float16"} else "bfloat16"
+                    _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16", dtype)
+                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, dtype))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             embedded = {models.EMBEDDED_NAME: models.EMBEDDED_ID, models.EMBEDDED_NAME + "-bnb-4bit":
                         models.EMBEDDED_4BIT_ID}.get(Path(base_path).name)  # its folder, or None
@@ -464,8 +402,8 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
         raise GrpoKitError(f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
                            f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
-                           "about twice the model's 16-bit size while it is verified) or choose another --out-dir, "
-                           "then run the export again.") from None
+                           "its 16-bit size, plus Unsloth's merged copy on a GPU) or choose another --out-dir, then "
+                           "run the export again.") from None
     for result in results:
         say(str(result) + (f"\n  note: {result.note}" if result.note else ""))
     if push_to_hub:

@@ -75,7 +75,7 @@ def test_a_4bit_grpo_step_trains_the_lora_on_linear4bit_layers_and_its_exports_v
     lora_b = [w for k, w in load_file(result.adapter_dir / "adapter_model.safetensors").items() if "lora_B" in k]
     assert max(w.abs().max().item() for w in lora_b) > 0  # one step on 4-bit weights moved the adapter
 
-    # The adapter alone is checked by logits on the NF4 base it was trained on ...
+    # The adapter alone keeps the NF4 base it was trained on ...
     (lora,) = export(result.adapter_dir, ("lora",), out_dir=tmp_path / "exports", name="adapter")
     assert lora.lora_effect > 0 and json.loads((lora.path.parent / "export.json").read_text())["base_model"] == \
         "embedded:smollm2-135m-bnb-4bit"

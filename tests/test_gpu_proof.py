@@ -152,7 +152,7 @@ def test_markdown_table_names_the_machine_and_has_one_row_per_run():
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert len(table) == 1 + 4  # header + rows
     assert all(line.count(" | ") == len(proof.COLUMNS) - 1 for line in table)
-    assert "Export merged16: max |dlogit| 1.00e-02 <= tolerance 5.00e-02" in text
+    assert "Export merged16: max |d| 1.00e-02 <= tolerance 5.00e-02" in text
 
 
 def test_plain_row_carries_the_unsloth_speed_and_memory_ratio():

@@ -54,30 +54,23 @@ def _poison(adapter_dir, value=NAN):
 # ------------------------------------------------------------------------------------------------ 1. NaN exports
 
 
-def _reference(tuned, base):
-    from grpo_kit.export import Reference
-
-    return Reference(prompts=((1, 2),), tuned=(tuned,), base=(base,))
-
-
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
-def test_non_finite_export_logits_fail_verification(bad, tmp_path):
+def test_non_finite_exported_weights_fail_verification(bad, tmp_path):
+    from grpo_kit.export import compare
+
     tuned, base = torch.randn(2, 5), torch.randn(2, 5)
     candidate = tuned.clone()
     candidate[0, 0] = bad
-    from grpo_kit.export import check_logits
-
     with pytest.raises(GrpoKitError, match="NaN/inf.*Nothing was written"):
-        check_logits("lora", "float32", (candidate,), _reference(tuned, base), path=tmp_path, detail="test")
+        compare("merged16", [("w", candidate, tuned, base)], 2**-7, path=tmp_path, detail="test")
 
 
 def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_path):
-    from grpo_kit.export import check_logits
+    from grpo_kit.export import compare
 
     tuned = torch.full((2, 5), NAN)
     with pytest.raises(GrpoKitError, match="NaN/inf"):
-        check_logits("merged16", "bfloat16", (tuned.clone(),), _reference(tuned, torch.randn(2, 5)),
-                     path=tmp_path, detail="test")
+        compare("merged16", [("w", tuned.clone(), tuned, torch.randn(2, 5))], 2**-7, path=tmp_path, detail="test")
 
 
 @pytest.mark.parametrize("fmt", ["lora", "merged16"])

@@ -1,10 +1,10 @@
-"""GGUF through Unsloth, run on CPU with a stand-in ``unsloth`` package (the real one needs a GPU).
+"""Merged and GGUF exports through Unsloth, run on CPU with a stand-in ``unsloth`` package (the real one needs a GPU).
 
-The stand-in behaves like Unsloth 2026.10.7's ``save_pretrained_gguf`` where the kit depends on it: it takes a list
-of types (one merge for all), writes a merged checkpoint into ``save_directory``, one ``.gguf`` per type (a real one,
-made with the kit's CPU writer so the checks have something true to check) plus a Modelfile into the sibling
-``<save_directory>_gguf``, and returns ``{"gguf_files": [...]}``. It lives only on the child process's PYTHONPATH, so
-an export that imported Unsloth in its own process would fail here.
+The stand-in behaves like Unsloth 2026.10.7's savers where the kit depends on them: ``save_pretrained_gguf`` takes a
+list of types (one merge for all), writes a merged checkpoint into ``save_directory``, one ``.gguf`` per type (a real
+one, from tests/gguf_stand_in.py, so the checks have something true to check) plus a Modelfile into the sibling
+``<save_directory>_gguf``, and returns ``{"gguf_files": [...]}``; ``save_pretrained_merged`` writes a bf16 folder. It
+lives only on the child process's PYTHONPATH, so an export that imported Unsloth in its own process would fail here.
 """
 
 from __future__ import annotations
@@ -48,11 +48,11 @@ class _Merged:
         (gguf_dir / "Modelfile").write_text("FROM ./model.gguf\\n")
         files = []
         if not os.environ.get("FAKE_UNSLOTH_NO_FILES"):
-            from grpo_kit.gguf import write_gguf
+            from gguf_stand_in import write_gguf
 
             for kind in quantization_method:
                 path = gguf_dir / f"{save.name}.{kind.upper()}.gguf"
-                files.append(str(write_gguf(self.model, tokenizer, path, kind)))
+                files.append(str(write_gguf(self.model, path, kind)))
         return {"save_directory": str(save), "gguf_directory": str(gguf_dir), "gguf_files": files}
 
 
@@ -89,14 +89,15 @@ def adapter(tmp_path_factory, tiny_model_dir, make_adapter):
 
 @pytest.fixture
 def fake_unsloth(tmp_path, monkeypatch):
-    """Route GGUF to Unsloth and put the stand-in on the child's PYTHONPATH; returns the call log reader."""
+    """Pretend a GPU with Unsloth, and put the stand-in on the child's PYTHONPATH; returns the call log reader."""
     package = tmp_path / "fake" / "unsloth"
     package.mkdir(parents=True)
     (package / "__init__.py").write_text(FAKE_UNSLOTH)
     log = tmp_path / "unsloth-calls.jsonl"
     monkeypatch.setenv("FAKE_UNSLOTH_LOG", str(log))
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(package.parent), str(REPO), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.setattr(gguf_module, "gguf_route", lambda *args: "unsloth")
+    paths = [str(package.parent), str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(paths))
+    monkeypatch.setattr(gguf_module, "unsloth_on_gpu", lambda: True)
     return lambda: [json.loads(line) for line in log.read_text().splitlines()]
 
 
@@ -107,7 +108,7 @@ def test_unsloth_gguf_is_taken_from_the_returned_paths_and_verified(adapter, tin
     target = out / "u"
     assert [r.format for r in results] == ["gguf"]
     assert results[0].path == target / "gguf" / "u-q8_0.gguf" and results[0].path.is_file()
-    assert results[0].max_abs_diff <= results[0].tolerance and "weights, not logits" in results[0].detail
+    assert results[0].max_abs_diff <= results[0].tolerance and "compared with base + LoRA" in results[0].detail
     # Only the .gguf was taken: not the writer's Modelfile nor its merged checkpoint; no scratch folder is left.
     assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "u-q8_0.gguf"]
     assert (target / "gguf" / "Modelfile").read_text().startswith("FROM ./u-q8_0.gguf")
@@ -146,37 +147,30 @@ def test_unsloth_crash_reports_its_last_output(adapter, tiny_model_dir, tmp_path
     assert list(out.iterdir()) == []
 
 
-def test_k_quants_are_accepted_and_routed_to_unsloth_only(adapter, tiny_model_dir, tmp_path, monkeypatch):
+def test_gguf_without_a_gpu_is_refused_before_anything_loads_naming_the_way_out(adapter, tiny_model_dir, tmp_path,
+                                                                               monkeypatch):
     assert gguf_module.parse_names("F16, q4_k_m", gguf_module.GGUF_TYPES, "GGUF type(s)") == ["f16", "q4_k_m"]
-    from grpo_kit.models import load_tokenizer
+    import grpo_kit.models as models
 
-    tokenizer = load_tokenizer(str(tiny_model_dir))
-    assert gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q8_0"]) == "cpu"
-    with pytest.raises(GrpoKitError, match="k-quants.*Unsloth"):  # no GPU here: the message names the way out
-        gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"])
-    import importlib.util
-
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
-    assert gguf_module.gguf_route(str(tiny_model_dir), tokenizer, ["q4_k_m"]) == "unsloth"
+    monkeypatch.setattr(models, "load_tokenizer", lambda *a: pytest.fail("something was loaded"))
+    with pytest.raises(GrpoKitError, match="llama.cpp.*no CUDA GPU.*--format merged16.*convert_hf_to_gguf"):
+        export(adapter, ("lora", "gguf"), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", gguf_type="q8_0")
+    assert not (tmp_path / "exports").exists()
 
 
-@pytest.fixture
-def small_gpu(monkeypatch):
-    """Pretend the 16-bit base does not fit in GPU memory (a 7-8B model on a T4/L4)."""
-    monkeypatch.setattr(gguf_module, "base_too_big_for_gpu", gguf_module.local_base)
+def test_on_a_gpu_every_merged_format_comes_from_one_unsloth_child_loaded_as_the_run_trained(
+        adapter, tiny_model_dir, tmp_path, fake_unsloth):
+    import shutil
 
-
-def test_a_base_too_big_for_the_gpu_is_merged_by_unsloth_and_checked_weight_by_weight(
-        adapter, tiny_model_dir, tmp_path, fake_unsloth, small_gpu):
+    run = tmp_path / "run"  # the run trained in 4 bit (run.json): Unsloth loads it so, as a T4 holds an 8B model
+    shutil.copytree(adapter, run / "adapter")
+    (run / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir),
+                                                         "load_in_4bit": True}}))
     out = tmp_path / "exports"
-    results = export(adapter, ("lora", "merged16", "gguf"), base_model=str(tiny_model_dir), out_dir=out, name="t4",
-                     gguf_type="q8_0,f16")
+    results = export(run / "adapter", ("lora", "merged16", "gguf"), out_dir=out, name="t4", gguf_type="q8_0,f16")
 
     assert [r.format for r in results] == ["lora", "gguf", "gguf", "merged16"]
-    assert all("weights, not logits" in r.detail and r.mean_abs_diff < r.mean_abs_diff_base for r in results[1:])
+    assert all(r.mean_abs_diff < r.mean_abs_diff_base for r in results[1:])
     target = out / "t4"
     assert (target / "merged16" / "model.safetensors").is_file() and (target / "merged16" / "tokenizer.json").is_file()
     assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "t4-f16.gguf", "t4-q8_0.gguf"]
@@ -189,26 +183,9 @@ def test_a_base_too_big_for_the_gpu_is_merged_by_unsloth_and_checked_weight_by_w
 
 
 def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_model_dir, tmp_path, fake_unsloth,
-                                                                 small_gpu, monkeypatch):
+                                                                 monkeypatch):
     monkeypatch.setenv("FAKE_UNSLOTH_NO_LORA", "1")
     out = tmp_path / "exports"
     with pytest.raises(GrpoKitError, match="merged16.*(LoRA weights are missing|limit)"):
         export(adapter, ("merged16",), base_model=str(tiny_model_dir), out_dir=out, name="t4")
     assert list(out.iterdir()) == []
-
-
-@pytest.mark.parametrize("fraction, expected", [(1.0, False), (0.1, True)])
-def test_a_per_process_memory_cap_counts_as_a_smaller_gpu(tiny_model_dir, monkeypatch, fraction, expected):
-    """An 80 GiB card capped to a T4's share (a shared card, or the GPU proof's emulated T4) takes the T4 route:
-    mem_get_info reports the card, not the cap."""
-    import importlib.util
-
-    import torch
-
-    gib, size = 2**30, sum(p.stat().st_size for p in tiny_model_dir.glob("*.safetensors"))
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (79 * gib, 80 * gib))
-    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda *a: fraction)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda *a: int(8 * gib - size))  # 1.0x the model left
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: object() if name == "unsloth" else None)
-    assert (gguf_module.base_too_big_for_gpu(str(tiny_model_dir)) == tiny_model_dir) is expected
