@@ -31,7 +31,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("presets", help="list the VRAM-tier presets (table, or JSON with --json)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
-    p.add_argument("--model", help="with --plan: estimate for this model instead of the preset's")
     p.set_defaults(handler=("planner", "cli_presets"))
 
     p = sub.add_parser("rewards", help="list the reward functions a recipe can name (reward_funcs: in a recipe)")
@@ -91,17 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
-    p.add_argument("--harness", metavar="TASK", help="run lm-evaluation-harness's gsm8k or gsm8k_cot task instead of "
-                   "the kit's protocol (pip install 'grpo-kit[harness]')")
-    p.add_argument("--fewshot-data", metavar="PATH", help="with --harness gsm8k: local GSM8K train split for its examples")
+    p.add_argument("--harness", metavar="TASK", help="run lm-evaluation-harness's gsm8k_cot task instead of the kit's "
+                   "protocol (pip install 'grpo-kit[harness]')")
     p.set_defaults(handler=("evaluate", "cli_eval"))
 
     p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")
     p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the one recorded in the adapter)")
     p.add_argument("--format", default="lora", help="lora | merged16 | gguf (comma-separated for several)")
-    p.add_argument("--gguf-type", default="q8_0",
-                   help="GGUF type(s), comma-separated: f16, q8_0 (CPU writer); q4_k_m, q5_k_m (GPU, via Unsloth)")
+    p.add_argument("--gguf-type", default="q4_k_m",
+                   help="GGUF type(s), comma-separated: q4_k_m, q5_k_m, q8_0, f16 (llama.cpp via Unsloth: a GPU)")
     p.add_argument("--name", help="export folder name under --out-dir (default: from the adapter)")
     p.add_argument("--out-dir", default="exports", help="parent folder of exports")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")

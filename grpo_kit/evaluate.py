@@ -1,4 +1,4 @@
-"""Held-out accuracy before and after training (with its statistics), lm-eval's GSM8K tasks, and chat.
+"""Held-out accuracy before and after training (with its statistics), lm-eval's gsm8k_cot task, and chat.
 
 The kit's protocol, stored as a sentence next to every number because the protocol alone moves GSM8K scores by many
 points: the prompt exactly as training renders it (``data.build_messages`` + ``data.render_prompt`` + prefill), greedy
@@ -294,13 +294,12 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
 
 # ------------------------------------------------------------------------------------------------ lm-eval harness
 # Published GSM8K figures mostly come from lm-evaluation-harness's tasks, another protocol (not comparable with the
-# kit's): `gsm8k` (5 examples from the train split, scored on "#### N") and `gsm8k_cot` (8 fixed chain-of-thought
-# examples, "The answer is N"), each as exact_match under strict-match and flexible-extract (last number). lm-eval is
-# an optional extra. The task's Hub dataset is replaced by a JSON file of the chosen questions, so it runs offline.
+# kit's). The kit runs `gsm8k_cot` (8 fixed chain-of-thought examples, "The answer is N"; lm-eval's `gsm8k` would need
+# the GSM8K train split for its examples), as exact_match under strict-match and flexible-extract (last number). lm-eval
+# is an optional extra. The task's Hub dataset is replaced by a JSON file of the chosen questions, so it runs offline.
 
 #: lm-eval task name -> how its prompt is built and what its strict filter reads.
 HARNESS_TASKS = {
-    "gsm8k": ("5 examples from the train split, 'Question: ... Answer:' prompts, no chat template", "'#### N'"),
     "gsm8k_cot": ("8 fixed chain-of-thought examples, 'Q: ... A:' prompts, no chat template", "'The answer is N'"),
 }
 LM_EVAL_VERSION = "0.4.13"  # the release the task overrides were written against (the `harness` extra)
@@ -325,8 +324,8 @@ class HarnessResult:
         return _write_json(path, asdict(self))
 
 
-def task_config(task: str, task_manager, test_file: Path, fewshot_file: str | os.PathLike | None) -> dict[str, Any]:
-    """lm-eval's registered config of ``task`` with its dataset replaced by local JSON files (no Hub access)."""
+def task_config(task: str, task_manager, test_file: Path) -> dict[str, Any]:
+    """lm-eval's registered config of ``task`` with its dataset replaced by a local JSON file (no Hub access)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
     entry = task_manager.task_index.get(task)
@@ -334,19 +333,11 @@ def task_config(task: str, task_manager, test_file: Path, fewshot_file: str | os
         raise GrpoKitError(f"The installed lm-eval has no task {task!r}; install lm-eval=={LM_EVAL_VERSION}.")
     config = load_yaml(entry.yaml_path, resolve_func=True)
     data_files = {config["test_split"]: str(test_file)}
-    for split in {config.get("training_split"), config.get("fewshot_split")} - {None, config["test_split"]}:
-        if fewshot_file is None:
-            raise GrpoKitError(f"lm-eval's {task} draws its examples from the GSM8K train split: pass --fewshot-data with "
-                               "a local copy of it (GSM8K format, with '#### N' solutions), or use --harness gsm8k_cot.")
-        if not Path(fewshot_file).is_file():
-            raise GrpoKitError(f"Few-shot data file not found: {fewshot_file}. Pass the GSM8K train split.")
-        data_files[split] = str(fewshot_file)
     return {**config, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": data_files}}
 
 
 def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: str | os.PathLike | None = None,
-                     fewshot_data: str | os.PathLike | None = None, max_new_tokens: int = 256, batch_size: int = 8,
-                     label: str = "") -> HarnessResult:
+                     max_new_tokens: int = 256, batch_size: int = 8, label: str = "") -> HarnessResult:
     """lm-eval's ``task`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
     itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
     import torch
@@ -376,7 +367,7 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
         test_file = Path(folder) / "test.jsonl"
         test_file.write_text("".join(json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
                                      for q, a in zip(dataset["question"], dataset["answer"], strict=True)), encoding="utf-8")
-        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(task, manager, test_file, fewshot_data)],
+        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(task, manager, test_file)],
                                           task_manager=manager, gen_kwargs={"max_gen_toks": max_new_tokens},
                                           log_samples=False, bootstrap_iters=0)
     row, (prompt, strict) = results["results"][task], HARNESS_TASKS[task]
@@ -471,8 +462,7 @@ def cli_eval(args) -> int:
     started = time.time()
     if args.harness:
         results = {name: evaluate_harness(base, dataset, task=args.harness, adapter=adapter, label=name,
-                                          fewshot_data=args.fewshot_data, max_new_tokens=args.max_new_tokens,
-                                          batch_size=args.batch_size) for name, adapter in runs.items()}
+                                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size) for name, adapter in runs.items()}
         print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
     else:
         options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)

@@ -89,20 +89,15 @@ KNOWN_SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "qwen2.5-math-7b": QWEN25_MATH_7B, 
                 "smollm2-135m": SMOLLM2_135M}
 
 
-def shape_for(model: str, *, download: bool = False) -> ModelShape | None:
-    """``model``'s shape from its transformers config (a local folder or the Hub cache; with ``download`` also the Hub
-    for a model the built-in table lacks), else from that table; None when unknown."""
+def shape_for(model: str) -> ModelShape | None:
+    """``model``'s shape from its transformers config (a local folder or the Hub cache, never downloaded), else from
+    the built-in table; None when unknown."""
     from transformers import AutoConfig
 
-    known = next((shape for fragment, shape in KNOWN_SHAPES.items() if fragment in model.lower()), None)
     try:
-        return ModelShape.from_config(AutoConfig.from_pretrained(model, local_files_only=bool(known) or not download))
-    except (OSError, ValueError) as error:  # not cached or offline, not an id (embedded:...), not a transformers model
-        if known or not download:
-            return known
-        raise GrpoKitError(f"Could not read the config of {model!r} to plan its memory ({type(error).__name__}: "
-                           f"{str(error).strip().splitlines()[0]}). Check the id (and HF_TOKEN for gated models), "
-                           "or pass a local model folder.") from error
+        return ModelShape.from_config(AutoConfig.from_pretrained(model, local_files_only=True))
+    except (OSError, ValueError):  # not cached or offline, not an id (embedded:...), not a transformers model
+        return next((shape for fragment, shape in KNOWN_SHAPES.items() if fragment in model.lower()), None)
 
 
 @dataclass(frozen=True)
@@ -165,8 +160,8 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
     shape = shape or shape_for(model_id)
     if shape is None:
         raise GrpoKitError(f"The VRAM planner does not know the shape of {model_id!r}: pass shape=ModelShape."
-                           "from_config(AutoConfig.from_pretrained(model_id)), or run `grpo-kit presets --plan "
-                           f"{recipe.name} --model {model_id}` (it reads the config from the Hub).")
+                           f"from_config(AutoConfig.from_pretrained({model_id!r})) in Python (a local model folder "
+                           "or a model in the Hub cache needs no shape: its config is read).")
     bits = 4 if recipe.model.load_in_4bit else 16 if (g.bf16 or g.fp16) else 32
     use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or bool(g.use_vllm)
     card_gib = float(recipe.kit.vram_gb if card_gb is None else card_gb)
@@ -314,15 +309,12 @@ def presets_table(recipes) -> str:
 
 
 def cli_presets(args) -> int:
-    """``grpo-kit presets``: the table; ``--json`` a JSON list; ``--plan NAME [--model ID]`` one VRAM breakdown."""
+    """``grpo-kit presets``: the table; ``--json`` a JSON list; ``--plan NAME`` one VRAM breakdown."""
     from grpo_kit.config import load_recipe, recipe_names
 
-    if args.model and not args.plan:
-        raise GrpoKitError("--model only applies with --plan NAME, e.g. grpo-kit presets --plan t4-16gb --model ID")
     if args.plan:
-        recipe = load_recipe(args.plan, **({"model_name_or_path": args.model} if args.model else {}))
-        estimate = estimate_vram(recipe, shape_for(recipe.model.model_name_or_path, download=True))
-        text = f"{recipe.name}: {recipe.kit.description}\n\n{estimate.format()}"
+        recipe = load_recipe(args.plan)
+        text = f"{recipe.name}: {recipe.kit.description}\n\n{estimate_vram(recipe).format()}"
     elif args.json:
         text = json.dumps([{**r.values, "generation_batch_size": r.grpo.generation_batch_size,
                             "prompts_per_step": r.prompts_per_step, "estimate_gib": _estimate_or_none(r, 2),

@@ -24,7 +24,6 @@ from grpo_kit.answers import (
     THOUSANDS_SEPARATORS,
     answers_match,
     extract_tagged_answer,
-    normalize_number,
     strip_end_markers,
 )
 from grpo_kit.errors import GrpoKitError
@@ -79,19 +78,6 @@ def has_soft_format(text: str) -> bool:
     return handover is not None and body.find(ANSWER_CLOSE, handover.end()) >= 0
 
 
-def has_strict_format(text: str) -> bool:
-    """Exactly ``<think> reasoning </think> <answer> answer </answer>``: each tag once, reasoning and answer
-    non-empty, only whitespace (and end-of-sequence markers at the end) around and between the blocks."""
-    body = strip_end_markers(text).lstrip()
-    if not (body.startswith(THINK_OPEN) and body.endswith(ANSWER_CLOSE)) or any(body.count(t) != 1 for t in TAGS):
-        return False
-    think_close, answer_open = body.find(THINK_CLOSE), body.find(ANSWER_OPEN)
-    reasoning = body[len(THINK_OPEN) : think_close]
-    between = body[think_close + len(THINK_CLOSE) : answer_open]
-    answer = body[answer_open + len(ANSWER_OPEN) : -len(ANSWER_CLOSE)]
-    return answer_open > think_close and not between.strip() and bool(reasoning.strip()) and bool(answer.strip())
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # The rewards. The first docstring line is the row of the `grpo-kit rewards` table.
 
@@ -111,13 +97,6 @@ def format_reward(completions, prefill=None, **kwargs) -> list[float]:
 
     Unlike the widely copied 2025 regex (no DOTALL), reasoning over several lines counts. Text may follow."""
     return [FORMAT_POINTS if has_soft_format(t) else 0.0 for t in _texts(completions, prefill)]
-
-
-def strict_format_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """the whole text is exactly ``<think>…</think><answer>…</answer>``, each tag once, nothing after
-
-    Whitespace between the blocks and end-of-sequence markers after them are free."""
-    return [FORMAT_POINTS if has_strict_format(t) else 0.0 for t in _texts(completions, prefill)]
 
 
 def tag_count_reward(completions, prefill=None, **kwargs) -> list[float]:
@@ -159,12 +138,6 @@ def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
     return scores
 
 
-def answer_number_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """a number can be read from the last ``<answer>`` block (``72 clips``, ``$3.50``)"""
-    texts = _texts(completions, prefill)
-    return [INTEGER_POINTS if normalize_number(extract_tagged_answer(t) or "") is not None else 0.0 for t in texts]
-
-
 def format_rate(completions, prefill=None, **kwargs) -> list[float]:
     """metric, weight 0 in training: 1 when ``format`` gives credit (TRL logs the share as ``rewards/format_rate/mean``)"""
     return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
@@ -174,19 +147,17 @@ def format_rate(completions, prefill=None, **kwargs) -> list[float]:
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness_reward,
     "format": format_reward,
-    "strict_format": strict_format_reward,
     "tag_count": tag_count_reward,
     "integer": integer_reward,
     "tag_progress": tag_progress_reward,
-    "answer_number": answer_number_reward,
     "format_rate": format_rate,
 }
 for _name, _fn in REWARDS.items():
     _fn.__name__ = _name  # TRL logs rewards/<__name__>/mean
 #: built-in reward -> (lowest, highest) score it gives.
-RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS), "strict_format": (0.0, FORMAT_POINTS),
+RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS),
           "tag_count": (-TRAILING_PENALTY_CAP, 4 * TAG_POINTS), "integer": (0.0, INTEGER_POINTS),
-          "tag_progress": (0.0, 4 * TAG_POINTS), "answer_number": (0.0, INTEGER_POINTS), "format_rate": (0.0, 1.0)}
+          "tag_progress": (0.0, 4 * TAG_POINTS), "format_rate": (0.0, 1.0)}
 
 
 # ---------------------------------------------------------------------------------------------------------------

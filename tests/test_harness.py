@@ -1,4 +1,4 @@
-"""grpo_kit.evaluate's harness mode: lm-evaluation-harness's GSM8K tasks on local data, wired through `grpo-kit eval --harness`.
+"""grpo_kit.evaluate's harness mode: lm-evaluation-harness's gsm8k_cot task on local data, wired through `grpo-kit eval --harness`.
 
 lm-eval is an optional extra (`pip install grpo-kit[harness]`); the tests that run it are skipped without it.
 """
@@ -36,9 +36,10 @@ def offline(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
 
 
-def test_unknown_task_is_refused_with_the_choices():
-    with pytest.raises(GrpoKitError, match="gsm8k, gsm8k_cot"):
-        evaluate_harness("embedded", None, task="gsm8k_zeroshot")
+@pytest.mark.parametrize("task", ["gsm8k_zeroshot", "gsm8k"])  # gsm8k: its examples come from the train split
+def test_unknown_task_is_refused_with_the_choices(task):
+    with pytest.raises(GrpoKitError, match="Choose one of: gsm8k_cot"):
+        evaluate_harness("embedded", None, task=task)
 
 
 def test_missing_lm_eval_names_the_extra(monkeypatch):
@@ -69,19 +70,10 @@ def manager():
 
 
 def test_task_config_reads_local_files_instead_of_the_hub(manager, gsm8k_file, tmp_path):
-    config = task_config("gsm8k_cot", manager, tmp_path / "test.jsonl", None)
+    config = task_config("gsm8k_cot", manager, tmp_path / "test.jsonl")
     assert config["task"] == "gsm8k_cot" and config["dataset_path"] == "json" and config["dataset_name"] is None
     assert config["dataset_kwargs"] == {"data_files": {"test": str(tmp_path / "test.jsonl")}}
     assert config["num_fewshot"] == 8  # the published protocol is kept
-
-
-def test_gsm8k_task_needs_the_train_split_for_its_examples(manager, gsm8k_file, tmp_path):
-    with pytest.raises(GrpoKitError, match="--fewshot-data"):
-        task_config("gsm8k", manager, tmp_path / "test.jsonl", None)
-    with pytest.raises(GrpoKitError, match="not found"):
-        task_config("gsm8k", manager, tmp_path / "test.jsonl", tmp_path / "missing.jsonl")
-    config = task_config("gsm8k", manager, tmp_path / "test.jsonl", gsm8k_file)
-    assert config["dataset_kwargs"]["data_files"] == {"test": str(tmp_path / "test.jsonl"), "train": str(gsm8k_file)}
 
 
 @pytest.mark.slow
@@ -113,9 +105,10 @@ def test_cli_runs_gsm8k_cot_on_the_embedded_model_offline(manager, gsm8k_file, o
     assert "base: gsm8k_cot: strict-match" in printed and "protocol: lm-evaluation-harness" in printed
 
 
-def test_cli_refuses_an_unknown_task_before_loading_a_model(gsm8k_file, capsys):
-    assert main(["eval", "--harness", "mmlu", "--data", str(gsm8k_file)]) == 2
-    assert "Unknown harness task 'mmlu'" in capsys.readouterr().err
+@pytest.mark.parametrize("task", ["mmlu", "gsm8k"])
+def test_cli_refuses_an_unknown_task_before_loading_a_model(task, gsm8k_file, capsys):
+    assert main(["eval", "--harness", task, "--data", str(gsm8k_file)]) == 2
+    assert f"Unknown harness task '{task}'. Choose one of: gsm8k_cot." in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,7 @@ from grpo_kit.rewards import RANGES, REWARDS, cli_rewards, reward_functions, rew
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
-BUILT_IN = ["correctness", "format", "strict_format", "tag_count", "integer", "tag_progress", "answer_number",
-            "format_rate"]
+BUILT_IN = ["correctness", "format", "tag_count", "integer", "tag_progress", "format_rate"]
 
 
 def run(name, completion, answer=GOLD, prefill=None):
@@ -124,8 +123,8 @@ def test_notebook_00s_correctness_reward_scores_the_case_table_as_the_built_in(p
 
 # How each reward treats the decided conventions (grpo_kit.answers docstring): rewards that read the answer accept
 # any tag case and a final block left open; format rewards check the tags as written.
-ANSWER_READERS = {"correctness": 2.0, "integer": 0.5, "answer_number": 0.5}
-FORMAT_JUDGES = ["format", "strict_format"]
+ANSWER_READERS = {"correctness": 2.0, "integer": 0.5}
+FORMAT_JUDGES = ["format"]
 
 
 @pytest.mark.parametrize(
@@ -147,7 +146,7 @@ def test_answer_readers_accept_what_format_rewards_refuse(completion):
 def test_long_trailing_text_keeps_correctness_and_costs_format_points():
     completion = GOOD + "\nTo double-check, 48 + 24 = 72 clips. " * 200
     assert run("correctness", completion) == 2.0 and run("format", completion) == 0.5
-    assert run("strict_format", completion) == 0.0 and run("tag_count", completion) == 0.75
+    assert run("tag_count", completion) == 0.75
 
 
 def test_correctness_without_answer_column_scores_zero():
@@ -220,38 +219,6 @@ def test_format_matches_multi_line_reasoning():
     # The widely copied Unsloth pattern r"<think>.*?</think>\s*<answer>.*?</answer>" has no DOTALL and misses this.
     multi_line = "<think>\nstep 1\nstep 2\n</think>\n<answer>\n7\n</answer>"
     assert run("format", multi_line) == 0.5
-    assert run("strict_format", multi_line) == 0.5
-
-
-# ----------------------------------------------------------------------------------------------- strict_format
-
-
-@pytest.mark.parametrize(
-    ("completion", "expected"),
-    [
-        (GOOD, 0.5),
-        ("<think>\na\n</think>\n<answer>\n7\n</answer>", 0.5),
-        ("<think>\na\nb\nc\n</think>\n<answer>\n7\n</answer>\n", 0.5),
-        ("<think>a</think><answer>7</answer>", 0.5),  # whitespace-tolerant
-        ("\n  <think> a </think>  <answer> 7 </answer>  \n", 0.5),
-        ("<think>\na\n</think>\n<answer>\n7\n</answer><|im_end|>", 0.5),  # EOS markers after the answer are fine
-        ("<think>\na\n</think>\n<answer>\n7\n</answer>\n<|eot_id|>\n", 0.5),
-        ("<think>\na\n</think>\n<answer>\n7\n</answer></s>", 0.5),
-        ("<think>\na\n</think>\n<answer>\n7\n</answer>\nThanks!", 0.0),  # text after the answer
-        ("<think>\na\n</think>\n<answer>\n7\n</answer>\n<answer>8</answer>", 0.0),
-        ("Sure.\n<think>\na\n</think>\n<answer>\n7\n</answer>", 0.0),  # text before
-        ("<think>\na\n</think>\nSo:\n<answer>\n7\n</answer>", 0.0),  # text between
-        ("<think>\n\n</think>\n<answer>\n7\n</answer>", 0.0),  # empty reasoning
-        ("<think>\na\n</think>\n<answer>\n \n</answer>", 0.0),  # empty answer
-        ("<think>\na <think> b\n</think>\n<answer>\n7\n</answer>", 0.0),  # a tag twice
-        ("<think>\na </answer>\n</think>\n<answer>\n7\n</answer>", 0.0),
-        ("<answer>\n7\n</answer>\n<think>\na\n</think>", 0.0),
-        ("<think>\na\n</think>\n<answer>\n7\n", 0.0),
-        ("", 0.0),
-    ],
-)
-def test_strict_format(completion, expected):
-    assert run("strict_format", completion) == expected
 
 
 # ----------------------------------------------------------------------------------------------- tag_count
@@ -342,26 +309,6 @@ def test_tag_progress_gives_partial_steps_a_ladder():
     assert scores == sorted(scores) and len(set(scores)) == len(ladder)
 
 
-# ----------------------------------------------------------------------------------------------- answer_number
-
-
-@pytest.mark.parametrize(
-    ("completion", "expected"),
-    [
-        ("<answer>72</answer>", 0.5),
-        ("<answer>72 clips</answer>", 0.5),
-        ("<answer>$3.50</answer>", 0.5),
-        ("<answer>\\frac{1}{2}</answer>", 0.5),
-        ("<answer>seventy</answer>", 0.0),
-        ("<answer>nan</answer>", 0.0),
-        ("<answer></answer>", 0.0),
-        ("72", 0.0),
-    ],
-)
-def test_answer_number(completion, expected):
-    assert run("answer_number", completion) == expected
-
-
 # ----------------------------------------------------------------------------------------------- calling convention
 
 SAMPLES = [
@@ -408,7 +355,6 @@ def test_multimodal_content_parts_are_joined():
     ("name", "completion", "without", "with_prefill"),
     [
         ("format", "reasoning\n</think>\n<answer>72</answer>", 0.0, 0.5),
-        ("strict_format", "reasoning\n</think>\n<answer>\n72\n</answer>", 0.0, 0.5),
         ("tag_count", "reasoning\n</think>\n<answer>72</answer>", 0.75, 1.0),
         ("correctness", "reasoning</think><answer>72</answer>", 2.0, 2.0),
         ("tag_progress", "reasoning</think><answer>72</answer>", 1.0, 1.0),
@@ -499,14 +445,14 @@ def test_cli_rewards_into_a_closed_pipe_has_no_traceback():
 
 
 def test_reward_functions_by_name():
-    names = ["correctness", "integer", "strict_format", "format", "tag_count", "format_rate"]
+    names = ["correctness", "integer", "format", "tag_count", "format_rate"]
     assert reward_functions(names) == [REWARDS[n] for n in names]
 
 
 @pytest.mark.parametrize(
     ("names", "message"),
     [
-        (["correctnes"], "correctness, format, strict_format"),  # unknown: the valid names are listed
+        (["correctnes"], "correctness, format, tag_count"),  # unknown: the valid names are listed
         (["correctness", "bogus"], "Unknown reward 'bogus'"),
         (["format", "format"], "named twice"),
         ([], "a list of names"),
