@@ -4,19 +4,17 @@ checked row by row, and turned into think/answer prompts.
 ``load_gsm8k`` returns a ``datasets.Dataset`` with columns ``question``, ``answer`` (the gold as a canonical number
 string from ``answers.normalize_number``: ``"1080"``, ``"-5"``, ``"0.5"``) and ``solution`` (the original answer
 text, ending in its ``#### N`` line). A bad row never turns into silently wrong data: it raises ``GrpoKitError``
-naming the file and line/row or, with ``lenient=True``, is skipped, counted and announced with ``warnings.warn``.
+naming the file and row or, with ``lenient=True``, is skipped, counted and announced with ``warnings.warn``.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
+import logging
 import random
 import re
 import warnings
 from decimal import Decimal
-from importlib import resources
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +44,13 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
 #: Bundled sample files, written by the grpo-kit authors (not GSM8K; see grpo_kit/resources/README.md).
 SAMPLE_FILES = {"train": "gsm8k_sample_train.jsonl", "test": "gsm8k_sample_test.jsonl"}
-LOCAL_FORMATS = (".jsonl", ".json", ".parquet", ".csv")
+#: Local data files: suffix -> (the ``datasets`` loader that reads it, what the file must hold: said when it cannot).
+LOCAL_FORMATS = {
+    ".jsonl": ("json", "one JSON object per line with 'question' and 'answer', no blank lines, saved as UTF-8"),
+    ".json": ("json", "a JSON array of objects with 'question' and 'answer' (or one object per line), saved as UTF-8"),
+    ".parquet": ("parquet", "a Parquet table with 'question' and 'answer' columns (re-export it, or use .jsonl)"),
+    ".csv": ("csv", "a UTF-8 CSV file whose header line names 'question' and 'answer' (quoted cells may span lines)"),
+}
 MAX_REASONS = 5  # skip notes a warning shows
 #: Synthetic arithmetic (NOT GSM8K): split sizes, source names -> ``steps`` (the difficulty), and the test size of
 #: the one-kind sets (enough held-out questions for a 95 % interval of about +-8 points).
@@ -83,7 +87,7 @@ def _records(source: str, split: str):
         return f"GSM8K ({HUB_DATASET}, split {split!r})", _hub_records(split)
     if source == "sample":
         name = SAMPLE_FILES[split]
-        return f"bundled sample {name}", _jsonl_records(resources.files("grpo_kit").joinpath("resources", name).read_bytes())
+        return f"bundled sample {name}", _file_records(Path(__file__).with_name("resources") / name)[1]
     if source in ARITHMETIC_SOURCES:
         return f"synthetic {source} (not GSM8K, split {split!r})", _arithmetic_records(split, ARITHMETIC_SOURCES[source])
     return _file_records(Path(source))
@@ -123,8 +127,6 @@ def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
 
 
 def _check_record(record: Any) -> dict:
-    if isinstance(record, Exception):
-        raise ValueError(str(record))
     if not isinstance(record, dict):
         raise ValueError(f"expected an object with 'question' and 'answer', got {type(record).__name__}")
     missing = [key for key in ("question", "answer") if key not in record]
@@ -177,10 +179,12 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
         raise ValueError("the answer is missing (null)")
     if isinstance(value, bool):
         raise ValueError(f"the answer is a boolean ({value}), not a number")
-    if isinstance(value, (int, float)):  # JSON/Parquet numbers, exactly (1e20 is "100000000000000000000")
+    if isinstance(value, (int, float)):  # JSON/Parquet numbers, exactly (0.1 is "0.1")
         exact = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
         if not exact.is_finite():
             raise ValueError(f"the answer {value!r} is not a finite number")
+        if isinstance(value, float) and abs(value) >= 2**53:  # pyarrow reads an integer beyond int64 as a rounded float
+            raise ValueError(f"the answer {value!r} is too large to be read exactly as a number; write it as text")
         canonical = _plain_number(format(exact, "f"), "the answer")
         return canonical, f"#### {canonical}"
     if not isinstance(value, str):
@@ -197,44 +201,24 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------- sources
 
 
-def hub_reachable(timeout: float = 3.0) -> bool:
-    """True when a TCP connection to the Hub's endpoint opens within ``timeout`` seconds (without it, an unplugged
-    machine spends ~30 s in the Hub client's retries before ``--data gsm8k`` fails)."""
-    import socket
-    from urllib.parse import urlparse
-
-    from huggingface_hub import constants
-
-    url = urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
-    except OSError:
-        return False
-    return True
-
-
 def _hub_records(split: str):
     import datasets
     from datasets.exceptions import DatasetsError
-    from huggingface_hub import constants
 
-    unreachable = not datasets.config.HF_HUB_OFFLINE and not hub_reachable()
-    saved = datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE  # both libraries read these at call time
     try:
-        if unreachable:  # caches only: a cached copy still loads at once
-            datasets.config.HF_HUB_OFFLINE = constants.HF_HUB_OFFLINE = True
         hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
-        why = "the Hub is unreachable and no cached copy was found" if unreachable else f"{type(err).__name__}: {err}"
+        why = f"{type(err).__name__}: {err}"
         raise GrpoKitError(f"Could not load {HUB_DATASET} (split {split!r}) from the Hub or its cache: {why[:200]}. "
                            "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
                            f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE).") from err
-    finally:
-        datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE = saved
     return ((f"row {index}", row) for index, row in enumerate(hub, start=1))
 
 
 def _file_records(path: Path):
+    """(label, records) of a local file, read by the ``datasets`` loader for its suffix after cheap path checks."""
+    import datasets
+
     accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
     if path.is_dir():
         found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
@@ -247,63 +231,23 @@ def _file_records(path: Path):
                            "'question' and 'answer' fields.")
     if suffix not in LOCAL_FORMATS:
         raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
-    if suffix == ".parquet":
-        return str(path), _parquet_records(path)
-    data = path.read_bytes()
-    if not data.strip():
-        raise GrpoKitError(f"{path} is empty. Write one JSON object per line with 'question' and 'answer'.")
-    return str(path), {".json": _json_records, ".csv": _csv_records}.get(suffix, _jsonl_records)(data, str(path))
-
-
-def _jsonl_records(data: bytes, name: str = ""):
-    """One ("line N", record or exception) per non-blank line: bad bytes or JSON are that row's error, not a crash."""
-    for number, raw in enumerate(data.split(b"\n"), start=1):
-        try:
-            line = raw.decode("utf-8-sig" if number == 1 else "utf-8")  # a BOM (Windows "UTF-8 with BOM") is fine
-            if not line.strip():
-                continue
-            record = json.loads(line)
-        except UnicodeDecodeError as err:
-            record = ValueError(f"bytes that are not UTF-8 at column {err.start + 1}; save the file as UTF-8")
-        except json.JSONDecodeError as err:
-            record = ValueError(f"not valid JSON ({err.msg} at column {err.colno})")
-        yield f"line {number}", record
-
-
-def _text(data: bytes, name: str, save_as: str) -> str:
-    """The file's text (a UTF-8 byte-order mark dropped), or an error naming the first line that is not UTF-8."""
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        line = data[: err.start].count(b"\n") + 1
-        raise GrpoKitError(f"{name}, line {line}: bytes that are not UTF-8. Save the file as {save_as}.") from err
-
-
-def _json_records(data: bytes, name: str):
-    """A JSON array of objects (or ``{"data": [...]}``); a file that is really JSON lines is read as such."""
-    try:
-        document = json.loads(_text(data, name, "UTF-8"))
-    except json.JSONDecodeError as err:
-        if err.msg == "Extra data":  # several top-level values: JSON lines saved as .json
-            return _jsonl_records(data)
-        raise GrpoKitError(f"{name}, line {err.lineno}: not valid JSON ({err.msg} at column {err.colno}).") from err
-    if isinstance(document, dict) and isinstance(document.get("data"), list):
-        document = document["data"]
-    if not isinstance(document, list):
-        raise GrpoKitError(f"{name}: expected a JSON array of objects with 'question' and 'answer' (or JSON lines), "
-                           f"got a {type(document).__name__}.")
-    return ((f"row {index}", record) for index, record in enumerate(document, start=1))
-
-
-def _csv_records(data: bytes, name: str):
-    """Rows of a CSV file with a header line naming 'question' and 'answer' (quoted multi-line cells are fine)."""
-    reader = csv.DictReader(io.StringIO(_text(data, name, "UTF-8 CSV"), newline=""))
-    _need_columns(name, reader.fieldnames or [])
-    try:
-        for record in reader:
-            yield f"line {reader.line_num}", {"question": record["question"], "answer": record["answer"]}
-    except csv.Error as err:
-        raise GrpoKitError(f"{name}, line {reader.line_num}: not valid CSV ({err}).") from err
+    loader, shape = LOCAL_FORMATS[suffix]
+    if not path.read_bytes().strip():
+        raise GrpoKitError(f"{path} is empty. Write {shape}.")
+    # datasets' loaders log a parse failure (with its traceback) before raising it: the error below says it once
+    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
+    try:  # utf-8-sig: a JSON file saved as "UTF-8 with BOM" (Windows) loads too
+        options = {"encoding": "utf-8-sig"} if loader == "json" else {}
+        table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)
+    except Exception as err:  # the loaders raise ValueError, TypeError, ArrowInvalid, DatasetGenerationError, ...
+        cause = err.__cause__ or err  # DatasetGenerationError keeps the parser's own message in its cause
+        first = str(cause).strip().partition("\n")[0][:200]
+        raise GrpoKitError(f"{path}: could not read it ({type(cause).__name__}: {first}). It must be {shape}.") from err
+    if suffix == ".json" and table.column_names == ["data"] and isinstance(table[0]["data"], list):  # {"data": [...]}
+        return str(path), ((f"row {i}", row) for i, row in enumerate(chain.from_iterable(table["data"]), start=1))
+    _need_columns(path, table.column_names)
+    rows = table.select_columns(["question", "answer"]).to_list()
+    return str(path), ((f"row {index}", row) for index, row in enumerate(rows, start=1))
 
 
 def _need_columns(name, found: list[str]) -> None:
@@ -311,18 +255,6 @@ def _need_columns(name, found: list[str]) -> None:
     if missing:
         raise GrpoKitError(f"{name}: missing column(s) {missing}; found {found}. GSM8K data needs 'question' and "
                            "'answer' (the answer ending in '#### N', or a plain number).")
-
-
-def _parquet_records(path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as err:
-        raise GrpoKitError(f"{path}: not a readable Parquet file ({err}). Re-export it, or use .jsonl.") from err
-    _need_columns(path, table.column_names)
-    return ((f"row {i}", record) for i, record in enumerate(table.select(["question", "answer"]).to_pylist(), start=1))
 
 
 # ---------------------------------------------------------------------------------------------------------- synthetic

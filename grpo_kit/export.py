@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from huggingface_hub import HfApi, get_token
@@ -132,11 +132,29 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     def delta(a_key: str):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D) layers
         return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")].float() @ weights[a_key].float())
 
-    return {f"{key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight": functools.partial(delta, key)
-            for key in weights if ".lora_A." in key}
+    return {_base_name(key): functools.partial(delta, key) for key in weights if ".lora_A." in key}
 
 
-def _tensors(folder: Path) -> dict[str, functools.partial]:
+def _base_name(lora_a_key: str) -> str:
+    """The base weight a LoRA factor adapts: ``base_model.model.x.q_proj.lora_A.weight`` -> ``x.q_proj.weight``."""
+    return f"{lora_a_key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight"
+
+
+class _Stored(NamedTuple):
+    """One tensor of a memory-mapped safetensors file: its shape from the header, its values when called."""
+
+    handle: Any
+    name: str
+
+    def __call__(self):
+        return self.handle.get_tensor(self.name)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.handle.get_slice(self.name).get_shape())
+
+
+def _tensors(folder: Path) -> dict[str, _Stored]:
     """``{tensor name: read()}`` of a checkpoint folder, sharded or not; files are memory-mapped, a tensor read when
     asked for. The index names the shards: a Hub snapshot may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
@@ -145,7 +163,7 @@ def _tensors(folder: Path) -> dict[str, functools.partial]:
     found = {}
     for file in sorted(files):
         handle = safe_open(str(folder / file), framework="pt")
-        found.update({name: functools.partial(handle.get_tensor, name) for name in handle.keys()})
+        found.update({name: _Stored(handle, name) for name in handle.keys()})
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
@@ -155,9 +173,6 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     """``compare`` a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
     block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show here."""
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
-    if missing := sorted(set(deltas) - set(base_files)):
-        raise GrpoKitError(f"The adapter changes {missing[:3]}, which the base {base_dir} does not have: is --model "
-                           "the base the adapter was trained on?")
     if fmt == "gguf":
         config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
         entries = gguf_files.gguf_tensors(path, config, base_files)
@@ -174,6 +189,21 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
     return compare(fmt, items(), gguf_files.WEIGHT_RTOL[kind], path=path,
                    detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA")
+
+
+def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
+    """Refuse a base whose weights the adapter's LoRA factors do not fit (not the model it was trained on), before
+    anything is merged: PEFT's merge would stop on a shape error, Unsloth's after minutes."""
+    base, lora = _tensors(base_dir), _tensors(adapter_dir)
+    for key in (key for key in lora if ".lora_A." in key):
+        name, want = _base_name(key), (lora[key.replace(".lora_A.", ".lora_B.")].shape[0], lora[key].shape[1])
+        if name not in base or base[name].shape != want:
+            config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
+            has = base[name].shape if name in base else "no such weight"
+            raise GrpoKitError(f"The adapter in {adapter_dir} does not fit the model {model}: it was trained on "
+                               f"{config.get('base_model_name_or_path') or '(not recorded)'} (adapter_config.json): "
+                               f"pass that model as --model. (size mismatch for {name}: the adapter needs {want}, the "
+                               f"base has {has})")
 
 
 def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
@@ -354,6 +384,8 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
+    if base_dir:
+        check_base(adapter_dir, base_dir, base_model or trained_on)
     results: list[ExportResult] = []
     try:
         with runs.staged_dir(target) as staging:

@@ -200,11 +200,14 @@ def _write_parquet(path, rows):
 
 def test_load_jsonl(tmp_path):
     path = _write_jsonl(tmp_path / "train.jsonl", ROWS)
-    path.write_text(path.read_text() + "\n\n")  # trailing blank lines are fine
     ds = load_gsm8k(str(path))
     assert ds.column_names == ["question", "answer", "solution"]
     assert ds["answer"] == EXPECTED
     assert ds["solution"][0] == GOOD and ds["solution"][2] == "#### 1200"
+    # trailing blank lines are fine (the json loader refuses them only when text and number answers are mixed)
+    text_only = _write_jsonl(tmp_path / "text.jsonl", ROWS[:3])
+    text_only.write_text(text_only.read_text() + "\n\n")
+    assert load_gsm8k(str(text_only))["answer"] == EXPECTED[:3]
 
 
 def test_load_json_array_and_data_key_and_json_lines(tmp_path):
@@ -235,31 +238,41 @@ def _bad_jsonl(tmp_path, bad_line: bytes):
 @pytest.mark.parametrize(
     ("bad_line", "reason"),
     [
-        (json.dumps({"answer": GOOD}).encode(), "missing field"),
-        (json.dumps({"question": "Q?"}).encode(), "missing field"),
+        (json.dumps({"answer": GOOD}).encode(), "question is empty or not text"),  # the loader fills it with null
+        (json.dumps({"question": "Q?"}).encode(), "answer is missing"),
         (json.dumps({"question": "Q?", "answer": "#### many"}).encode(), "not a number"),
         (json.dumps({"question": "Q?", "answer": "The answer is 5."}).encode(), "neither a number"),
         (json.dumps({"question": "Q?", "answer": None}).encode(), "missing"),
         (json.dumps({"question": "Q?", "answer": True}).encode(), "boolean"),
         (json.dumps({"question": "", "answer": GOOD}).encode(), "question is empty"),
-        (json.dumps(["Q?", GOOD]).encode(), "expected an object"),
-        (b'{"question": "Q?", "answer": ', "not valid JSON"),
-        (b'{"question": "caf\xe9?", "answer": "#### 1"}', "not UTF-8"),
     ],
 )
-def test_bad_jsonl_line_names_file_and_line(tmp_path, bad_line, reason):
+def test_bad_jsonl_row_names_file_and_row(tmp_path, bad_line, reason):
     path = _bad_jsonl(tmp_path, bad_line)
     with pytest.raises(GrpoKitError) as info:
         load_gsm8k(str(path))
     message = str(info.value)
-    assert str(path) in message and "line 3" in message and reason in message
+    assert str(path) in message and "row 3" in message and reason in message
     assert "lenient=True" in message
     # lenient: the bad line is skipped, counted, reported and warned about
     with pytest.warns(UserWarning, match="skipped 1 bad row") as caught:
         ds = load_gsm8k(str(path), lenient=True)
     note = str(caught[0].message)
     assert len(ds) == 2 and "kept 2 of 3 rows" in note
-    assert note.split("First notes: ")[1].startswith("line 3:") and reason in note
+    assert note.split("First notes: ")[1].startswith("row 3:") and reason in note
+
+
+@pytest.mark.parametrize(
+    "bad_line",
+    [json.dumps(["Q?", GOOD]).encode(), b'{"question": "Q?", "answer": ', b'{"question": "caf\xe9?", "answer": "#### 1"}'],
+)
+def test_unparsable_jsonl_line_fails_the_file_with_the_fix(tmp_path, bad_line):
+    """A line the json loader cannot parse (not an object, cut off, not UTF-8) fails the whole file, lenient too."""
+    path = _bad_jsonl(tmp_path, bad_line)
+    for lenient in (False, True):
+        with pytest.raises(GrpoKitError) as info:
+            load_gsm8k(str(path), lenient=lenient)
+        assert str(path) in str(info.value) and "one JSON object per line" in str(info.value)
 
 
 def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
@@ -269,7 +282,7 @@ def test_lenient_load_gsm8k_warns_and_keeps_good_rows(tmp_path):
         ds = load_gsm8k(str(path), lenient=True)
     assert ds["answer"] == ["0", "2", "4", "6", "8"]
     text = str(caught[0].message)
-    assert "skipped 5 bad row" in text and "line 2" in text
+    assert "skipped 5 bad row" in text and "row 2" in text
     # one note per skipped row, up to the cap
     assert len(text.split("First notes: ")[1].split("; ")) == data.MAX_REASONS
 
@@ -292,7 +305,7 @@ def test_duplicates_are_dropped_with_a_note(tmp_path):
         ds = load_gsm8k(str(path))
     assert ds["question"] == ["Same?", "Other?"] and ds["answer"] == ["1", "2"]
     notes = str(caught[0].message).split("First notes: ")[1].split("; ")
-    assert "line 3: duplicate of the question at line 1" in notes[0]
+    assert "row 3: duplicate of the question at row 1" in notes[0]
     assert "DIFFERENT answer" in notes[1]
 
 
@@ -302,12 +315,12 @@ def test_duplicates_are_dropped_with_a_note(tmp_path):
         ("empty.jsonl", b"", "is empty"),
         ("blank.jsonl", b"\n  \n", "is empty"),
         ("empty.json", b"", "is empty"),
-        ("broken.json", b'[\n{"question": "Q?",\n "answer": }\n]', "line 3: not valid JSON"),
-        ("object.json", b'{"question": "Q?", "answer": "#### 1"}', "expected a JSON array"),
-        ("latin1.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "line 1: bytes that are not UTF-8"),
+        ("broken.json", b'[\n{"question": "Q?",\n "answer": }\n]', "a JSON array of objects"),
+        ("string.json", b'"Q? #### 1"', "a JSON array of objects"),
+        ("latin1.json", b'[{"question": "caf\xe9", "answer": "#### 1"}]', "saved as UTF-8"),
         ("rows.json", json.dumps([{"question": "Q?", "answer": GOOD}, {"question": "Q2?"}]).encode(), "row 2"),
         ("table.tsv", b"question\tanswer\n", "unsupported file type"),
-        ("broken.parquet", b"not parquet at all", "not a readable Parquet file"),
+        ("broken.parquet", b"not parquet at all", "a Parquet table"),
     ],
 )
 def test_bad_files_name_the_file(tmp_path, name, content, reason):
@@ -342,12 +355,19 @@ def test_parquet_missing_column_and_bad_row(tmp_path):
 
 
 def test_numeric_answer_fields_are_exact(tmp_path):
-    rows = [{"question": "a", "answer": 1e20}, {"question": "b", "answer": 0.1}, {"question": "c", "answer": -3}]
-    ds = load_gsm8k(str(_write_jsonl(tmp_path / "n.jsonl", rows)))
-    assert ds["answer"] == ["100000000000000000000", "0.1", "-3"]
+    rows = [{"question": "a", "answer": 12345678901234567}, {"question": "c", "answer": -3}]  # int64: exact
+    assert load_gsm8k(str(_write_jsonl(tmp_path / "i.jsonl", rows)))["answer"] == ["12345678901234567", "-3"]
+    rows = [{"question": "b", "answer": 0.1}, {"question": "d", "answer": 2}]
+    assert load_gsm8k(str(_write_jsonl(tmp_path / "f.jsonl", rows)))["answer"] == ["0.1", "2"]
+    # beyond int64 the reader rounds through a float: refused (text is exact), never a silently different gold
+    big = _write_jsonl(tmp_path / "big.jsonl", [{"question": "a", "answer": 12345678901234567891}])
+    with pytest.raises(GrpoKitError, match="row 1: the answer .* too large to be read exactly.*write it as text"):
+        load_gsm8k(str(big))
+    assert load_gsm8k(str(_write_jsonl(tmp_path / "t.jsonl", [{"question": "a", "answer": "12345678901234567891"}])))[
+        "answer"] == ["12345678901234567891"]
     path = tmp_path / "nan.jsonl"
     path.write_text('{"question": "d", "answer": NaN}\n')
-    with pytest.raises(GrpoKitError, match="line 1: the answer nan is not a finite number"):
+    with pytest.raises(GrpoKitError, match="row 1: the answer nan is not a finite number"):
         load_gsm8k(str(path))
 
 
@@ -411,22 +431,23 @@ def test_build_messages_rejects_bad_few_shot(few_shot):
         build_messages("Q?", few_shot=few_shot)
 
 
-def test_the_format_the_system_prompt_shows_is_the_one_the_strict_reward_pays_for():
+def test_the_format_the_system_prompt_shows_is_the_one_the_rewards_pay_for():
     from grpo_kit.rewards import REWARDS
 
     shown = SYSTEM_PROMPT.split("Use exactly this format:\n", 1)[1]
-    assert REWARDS["strict_format"]([shown]) == [0.5] and REWARDS["format"]([shown]) == [0.5]
+    assert REWARDS["format"]([shown]) == [0.5] and REWARDS["tag_count"]([shown]) == [1.0]
 
 
 _STEP = re.compile(r"(-?\d+(?:\.\d+)?(?: [-+*/] -?\d+(?:\.\d+)?)+) = (-?\d+(?:\.\d+)?)")
 
 
 def test_few_shot_examples_are_in_the_rewarded_format_and_correct():
-    """What the model imitates: the strict format, every calculation right, the answer the last result."""
-    from grpo_kit.rewards import has_strict_format
+    """What the model imitates: the exact format, every calculation right, the answer the last result."""
+    from grpo_kit.rewards import REWARDS
 
     for _, reply in FEW_SHOT_EXAMPLES:
-        assert has_strict_format(reply), reply
+        # format: think block, then the answer block; tag_count 1.0: each tag once, nothing after </answer>.
+        assert REWARDS["format"]([reply]) == [0.5] and REWARDS["tag_count"]([reply]) == [1.0], reply
         steps = _STEP.findall(reply)
         assert steps, reply
         for expression, result in steps:

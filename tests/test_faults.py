@@ -274,12 +274,10 @@ def _no_token(tmp, env):
 def _hub_unreachable(tmp, env):
     import datasets
 
-    import grpo_kit.data as data
+    def unreachable(*args, **kwargs):  # what datasets raises, after its retries, with no network and no cached copy
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)")
 
-    env["monkeypatch"].setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    env["monkeypatch"].setattr(data, "hub_reachable", lambda timeout=3.0: False)
-    env["monkeypatch"].setenv("HF_DATASETS_CACHE", str(tmp / "empty-cache"))
-    env["monkeypatch"].setenv("HF_HUB_CACHE", str(tmp / "empty-hub-cache"))
+    env["monkeypatch"].setattr(datasets, "load_dataset", unreachable)
 
 
 def _chain(*setups):
@@ -301,9 +299,9 @@ BIG = "1" * 40
 CASES = [
     # data
     Case("empty-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("is empty",), _file("d.jsonl", b"\n")),
-    Case("non-utf8-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 2", "not UTF-8"),
+    Case("non-utf8-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "saved as UTF-8"),
          _jsonl("d.jsonl", GOOD, b'{"question": "caf\xe9", "answer": "#### 1"}')),
-    Case("missing-field", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 1", "missing field", "answer"),
+    Case("missing-field", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "missing column", "answer"),
          _jsonl("d.jsonl", {"question": "q"})),
     Case("answer-in-words", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("'forty'", "not a number"),
          _jsonl("d.jsonl", {"question": "q", "answer": "#### forty"})),
@@ -317,10 +315,10 @@ CASES = [
          _jsonl("d.jsonl", {"question": "q", "answer": True})),
     Case("empty-question", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("question is empty",),
          _jsonl("d.jsonl", {"question": " ", "answer": "#### 1"})),
-    Case("torn-json-line", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("line 2", "not valid JSON"),
+    Case("torn-json-line", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "one JSON object per line"),
          _jsonl("d.jsonl", GOOD, b'{"question": "q", "ans')),
-    Case("json-not-a-list", "data", (*TRAIN, "--data", "{tmp}/d.json"), ("expected a JSON array",),
-         _file("d.json", b'{"question": "q", "answer": "#### 1"}')),
+    Case("json-not-rows", "data", (*TRAIN, "--data", "{tmp}/d.json"), ("{tmp}/d.json", "a JSON array of objects"),
+         _file("d.json", b'"q #### 1"')),
     Case("directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "train.jsonl"),
          _folder("train.jsonl", "test.jsonl")),
     Case("empty-directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "holds none"),
@@ -330,13 +328,13 @@ CASES = [
          _file("d.txt", b"question,answer\n")),
     Case("csv-missing-column", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("missing column", "answer"),
          _file("d.csv", b"question,solution\nq,#### 1\n")),
-    Case("csv-bad-row", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("line 3", "not a number"),
+    Case("csv-bad-row", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("row 2", "not a number"),
          _file("d.csv", b'question,answer\nq1,"#### 1"\nq2,"#### many"\n')),
-    Case("csv-non-utf8", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("line 2", "not UTF-8"),
+    Case("csv-non-utf8", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("{tmp}/d.csv", "UTF-8 CSV"),
          _file("d.csv", b"question,answer\ncaf\xe9,1\n")),
     Case("parquet-wrong-columns", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("missing column", "question"),
          _parquet("d.parquet", {"text": ["q"], "answer": ["#### 1"]})),
-    Case("parquet-garbage", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("not a readable Parquet",),
+    Case("parquet-garbage", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("{tmp}/d.parquet", "a Parquet table"),
          _file("d.parquet", b"PAR1 this is not parquet")),
     Case("too-few-prompts", "data", (*TRAIN, "--data", "{tmp}/d.csv", "--set", "gradient_accumulation_steps=4"),
          ("1 usable prompt", "one optimizer step"),
@@ -344,10 +342,10 @@ CASES = [
     Case("curriculum-binary-file", "data", (*TRAIN, "--data", "sample", "--curriculum", "{tmp}/s.jsonl"),
          ("Cannot read curriculum scores", "UnicodeDecodeError", "grpo-kit curriculum"),
          _file("s.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)),
-    Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("unreachable", "--data sample"),
+    Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("Couldn't reach", "--data sample"),
          _hub_unreachable),
     Case("eval-bad-row-no-eval-lenient", "data", ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
-         ("line 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
+         ("row 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
     Case("eval-limit-zero", "data", ("eval", "--data", "sample", "--limit", "0"), ("limit must be a positive",)),
     # settings
     Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"),
@@ -440,7 +438,8 @@ CASES = [
     Case("export-existing-name", "export", EXPORT, ("already exists", "--overwrite"), _export_exists),
     Case("export-nan-adapter", "export", EXPORT, ("NaN/inf weights", "--set learning_rate="), _adapter(_nan)),
     Case("export-truncated-adapter", "export", EXPORT, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
-    Case("export-other-base", "export", ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tmp}/other"),
+    Case("export-other-base", "export", ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tmp}/other",
+                                         "--format", "merged16", "--out-dir", "{tmp}/exports"),
          ("trained on {tiny}", "--model", "size mismatch"), _other_base),
     Case("export-disk-full", "export", EXPORT, ("No space left", "nothing was changed"), _disk_full),
     Case("export-read-only-out-dir", "export", (*EXPORT[:-1], "{tmp}/ro"), ("Cannot write exports", "Permission denied"),
@@ -539,23 +538,3 @@ def test_csv_data_is_read_with_the_same_checks(tmp_path):
                     encoding="utf-8")
     data = load_gsm8k(str(path))
     assert data["answer"] == ["7", "4"] and data["question"][0] == "Tom has 3 + 4 apples, how many?"
-
-
-def test_unreachable_hub_loads_from_the_cache_without_retries(monkeypatch):
-    import datasets
-
-    import grpo_kit.data as data
-
-    seen = []
-
-    def fake_load(*args, **kwargs):
-        from huggingface_hub import constants
-
-        seen.append((datasets.config.HF_HUB_OFFLINE, constants.HF_HUB_OFFLINE))
-        return datasets.Dataset.from_list([GOOD])
-
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(data, "hub_reachable", lambda timeout=3.0: False)
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    assert len(data.load_gsm8k("gsm8k", "train")) == 1
-    assert seen == [(True, True)] and datasets.config.HF_HUB_OFFLINE is False  # restored afterwards

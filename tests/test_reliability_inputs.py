@@ -52,21 +52,29 @@ GOOD = json.dumps({"question": "Tom has 3 + 4 apples. How many?", "answer": "3 +
 @pytest.mark.parametrize(
     ("lines", "where", "reason"),
     [
-        ([GOOD, b'{"question": "Q?", "answer": "#### 1"', GOOD], "line 2", "not valid JSON"),
-        ([GOOD, GOOD.replace(b"question", b"prompt")], "line 2", "missing field(s) ['question']"),
-        ([GOOD, b'{"question": "Q2?", "answer": "#### seven"}'], "line 2", "not a number"),
-        ([GOOD, b'{"question": "Q2?", "answer": null}'], "line 2", "missing"),
-        ([GOOD, b'{"question": "Q2?", "solution": "#### 2"}'], "line 2", "missing field(s) ['answer']"),
-        ([GOOD, b'{"question": "caf\xe9?", "answer": "#### 2"}'], "line 2", "not UTF-8"),
-        ([GOOD, json.dumps({"question": "Q2?", "answer": "#### 2"}).encode("utf-16")], "line 2", "not UTF-8"),
+        ([GOOD, GOOD.replace(b"question", b"prompt")], "row 2", "the question is empty or not text"),
+        ([GOOD, b'{"question": "Q2?", "answer": "#### seven"}'], "row 2", "not a number"),
+        ([GOOD, b'{"question": "Q2?", "answer": null}'], "row 2", "missing"),
+        ([GOOD, b'{"question": "Q2?", "solution": "#### 2"}'], "row 2", "the answer is missing"),
     ],
 )
-def test_bad_rows_stop_train_with_file_and_line(tmp_path, capsys, no_model_load, lines, where, reason):
+def test_bad_rows_stop_train_with_file_and_row(tmp_path, capsys, no_model_load, lines, where, reason):
     path = _jsonl(tmp_path / "train.jsonl", lines)
     err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run")])
     assert str(path) in err and where in err and reason in err
     assert "--lenient" in err  # the way out is named
     assert not (tmp_path / "run").exists()  # nothing was created for a run that cannot start
+
+
+@pytest.mark.parametrize("bad_line", [b'{"question": "Q?", "answer": "#### 1"', b'{"question": "caf\xe9?", "answer": "#### 2"}',
+                                      json.dumps({"question": "Q2?", "answer": "#### 2"}).encode("utf-16")])
+def test_a_file_that_does_not_parse_stops_train_naming_the_file_and_its_format(tmp_path, capsys, no_model_load,
+                                                                               bad_line):
+    path = _jsonl(tmp_path / "train.jsonl", [GOOD, bad_line, GOOD])
+    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"),
+                              "--lenient"])  # fmt: skip
+    assert str(path) in err and "one JSON object per line" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_lenient_train_skips_and_counts_bad_rows(tmp_path, monkeypatch):
@@ -81,11 +89,12 @@ def test_lenient_train_skips_and_counts_bad_rows(tmp_path, monkeypatch):
 
     monkeypatch.setattr(models, "load_model", stop_at_model_load)
     good = [json.dumps({"question": f"Q{i}?", "answer": f"#### {i}"}).encode() for i in range(4)]
-    path = _jsonl(tmp_path / "train.jsonl", [*good, b"{broken", good[0], b'{"question": "Q9?", "answer": "x"}'])
+    bad = [b'{"question": "Q8?", "solution": "#### 8"}', b'{"question": "Q9?", "answer": "x"}']
+    path = _jsonl(tmp_path / "train.jsonl", [*good, bad[0], good[0], bad[1]])
     with pytest.warns(UserWarning, match=r"kept 4 of 7 rows; skipped 2 bad row\(s\), dropped 1 duplicate") as caught:
         with pytest.raises(Loaded):
             main(["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"), "--lenient"])
-    assert "line 5" in str(caught[0].message)
+    assert "row 5" in str(caught[0].message)
 
 
 def test_windows_files_with_bom_and_crlf_load(tmp_path):
