@@ -72,22 +72,19 @@ def set_torch_threads() -> int:
 def prepare_backend(backend: str) -> str:
     """The loader for ``backend`` ("auto"|"unsloth"|"transformers"); Unsloth is imported NOW, before TRL.
 
-    ``auto``: transformers without a GPU (Unsloth cannot even be imported there) and under DeepSpeed ZeRO-3 (Unsloth
-    does not support sharded weights), else Unsloth. Why now: Unsloth patches at import, rebinding ``trl.GRPOTrainer``
-    and ``GRPOConfig`` to its subclasses (its shared vLLM engine, no bf16 cast of 4-bit LoRA weights, which breaks fp16
-    on a T4); a class taken from ``trl`` earlier stays the plain one, so look it up as ``trl.GRPOTrainer`` afterwards.
+    ``auto``: transformers without a GPU (Unsloth cannot even be imported there), else Unsloth. Why now: Unsloth
+    patches at import, rebinding ``trl.GRPOTrainer`` and ``GRPOConfig`` to its subclasses (its shared vLLM engine, no
+    bf16 cast of 4-bit LoRA weights, which breaks fp16 on a T4); a class taken from ``trl`` earlier stays the plain
+    one, so look it up as ``trl.GRPOTrainer`` afterwards.
     """
     import torch
 
-    cuda, zero3 = torch.cuda.is_available(), os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    cuda = torch.cuda.is_available()
     if backend == "unsloth" and not cuda:
         raise GrpoKitError("backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this "
                            "machine use --set backend=auto or --set backend=transformers (plain transformers + PEFT).")
-    if backend == "unsloth" and zero3:
-        raise GrpoKitError("backend='unsloth' cannot run under DeepSpeed ZeRO-3 (Unsloth does not support sharded "
-                           "weights). Use --set backend=transformers (or auto), or the ddp.yaml / zero2.yaml configs.")
     if backend == "auto":
-        backend = "unsloth" if cuda and not zero3 else "transformers"
+        backend = "unsloth" if cuda else "transformers"
     if backend == "unsloth":
         try:
             import unsloth  # noqa: F401  (the import is the patch)
@@ -116,6 +113,8 @@ def load_model(recipe):
         if (error := _vllm_import_error()) is not None:
             raise GrpoKitError(f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
                                "the vllm wheel built for this torch's CUDA, or --set use_vllm=false.")
+    # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
+    # when the run trains in fp16.
     model, tokenizer = FastLanguageModel.from_pretrained(
         model_name=m.model_name_or_path, max_seq_length=recipe.kit.max_seq_length, dtype=recipe.dtype,
         load_in_4bit=m.load_in_4bit, fast_inference=recipe.vllm_colocated, max_lora_rank=m.lora_r,
@@ -164,7 +163,7 @@ class FastLanguageModel:
     On the Unsloth backend (a GPU) they are Unsloth's own, plus what keeps a Colab run going: when vLLM cannot be
     imported (Colab's CUDA 12 torch: the installer skips it) or its engine fails to start, the model loads without it,
     with one "vLLM off:" line and ``model.vllm_engine = None`` (``without_failed_vllm`` then gives the trainer
-    ``use_vllm=False``; a resumed run goes on from its checkpoint the same). Elsewhere (a CPU, ZeRO-3,
+    ``use_vllm=False``; a resumed run goes on from its checkpoint the same). Elsewhere (a CPU,
     ``backend="transformers"``) the same arguments load with transformers + PEFT.
     """
 
@@ -226,8 +225,6 @@ class FastLanguageModel:
 def _unsloth_load(**kwargs):
     from unsloth import FastLanguageModel as Unsloth  # lazy: Unsloth cannot import without a GPU
 
-    # dtype is always given: left out, Unsloth picks bf16 wherever the card has it, and its trainer then refuses the
-    # model when the run trains in fp16.
     if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
         kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
     model, tokenizer = Unsloth.from_pretrained(**kwargs)
@@ -245,11 +242,10 @@ def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
         if importlib.util.find_spec("bitsandbytes") is None:
             raise GrpoKitError("4-bit weights (load_in_4bit) need bitsandbytes: pip install bitsandbytes==0.50.2 (or "
                                "set load_in_4bit: false).")
-        # NF4 stored in the compute dtype: that lets ZeRO-3 shard 4-bit weights.
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                           bnb_4bit_compute_dtype=dtype, bnb_4bit_quant_storage=dtype)
-    if torch.cuda.is_available() and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") != "3":
-        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU; ZeRO-3 shards
+                                                           bnb_4bit_compute_dtype=dtype)
+    if torch.cuda.is_available():
+        kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU
     tokenizer = load_tokenizer(model_id)
     return match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), dtype), tokenizer
 

@@ -54,8 +54,8 @@ def staged_dir(final: str | os.PathLike, *, name: str | None = None):
     """Yield an empty folder next to ``final``; when the block ends without an error it takes ``final``'s place.
 
     An error removes the staging folder and leaves ``final`` as it was; an existing ``final`` is moved away only
-    once the new folder is complete (and put back if the rename fails). ``name``: a fixed staging name, for callers
-    whose other processes must find the folder (every DeepSpeed rank saves into it); a killed run's leftover goes.
+    once the new folder is complete (and put back if the rename fails). ``name``: a fixed staging name, so that the
+    next attempt finds and replaces a killed one's leftover (``grpo_kit.colab``'s copies to Drive).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -176,8 +176,8 @@ def checkpoint_problem(folder: Path) -> str | None:
     """Why ``folder`` cannot be resumed from, or None when it is complete.
 
     Complete: a readable ``trainer_state.json`` (the Trainer writes it last), a sound adapter, and the
-    optimizer and scheduler state (or DeepSpeed's ``global_step*/``); without those the Trainer would silently start
-    a fresh optimizer and restart the learning-rate schedule.
+    optimizer and scheduler state (or DeepSpeed's ``global_step*/``: zero2.yaml); without those the Trainer would
+    silently start a fresh optimizer and restart the learning-rate schedule.
     """
     try:
         json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
@@ -321,16 +321,14 @@ def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Pat
 def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
     """Write the final adapter to ``run_dir/adapter`` through a staging folder, so it is never half-written.
 
-    Every process calls ``save_model`` (DeepSpeed ZeRO-3 gathers the weights collectively); only the main one writes.
+    Every process calls this; the main one writes (each process holds the same weights), the others wait for it.
     """
-    is_main = trainer.is_world_process_zero()
-    staged = staged_dir(run_dir / "adapter", name=".adapter.tmp")
-    with staged if is_main else contextlib.nullcontext(run_dir / ".adapter.tmp") as staging:
-        trainer.accelerator.wait_for_everyone()  # the main process made the staging folder
-        trainer.save_model(str(staging))
-        if is_main:
+    if trainer.is_world_process_zero():
+        remove_stale_staging(run_dir, "adapter")  # a save killed midway left its staging folder
+        with staged_dir(run_dir / "adapter") as staging:
+            trainer.save_model(str(staging))
             tokenizer.save_pretrained(str(staging))
-    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.wait_for_everyone()  # no process goes on to read the adapter before it is in place
     return run_dir / "adapter"
 
 

@@ -23,7 +23,7 @@ CONFIGS = ROOT / "configs" / "accelerate"
 
 @pytest.mark.parametrize(
     ("name", "kind", "stage"),
-    [("cpu-2proc", "MULTI_GPU", None), ("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)],
+    [("cpu-2proc", "MULTI_GPU", None), ("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2)],
 )
 def test_shipped_accelerate_configs_load(name, kind, stage):
     from accelerate.commands.config.config_args import load_config_from_file
@@ -66,8 +66,8 @@ def test_weights_digest_tells_equal_weights_from_different_ones():
     assert weights_digest(a) != weights_digest({**a, "x": torch.full((2,), 1.0 + 1e-6)})
 
 
-# Every process saves the adapter (ZeRO-3 gathers collectively); the launcher makes each first write the digest of
-# its own copy of the LoRA weights, so the test can see that the data-parallel copies stayed identical.
+# Every process calls save_adapter (the main one writes); the launcher makes each first write the digest of its own
+# copy of the LoRA weights, so the test can see that the data-parallel copies stayed identical.
 LAUNCHER = inspect.getsource(weights_digest) + """
 import sys
 
@@ -126,5 +126,5 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     assert [row["step"] for row in rows] == [1, 2]  # logged by the main process only
     assert rows[0]["frac_reward_zero_std"] < 1.0  # groups had reward variance, so there was a gradient
     assert json.loads((run_dir / "run.json").read_text())["reward_names"] == ["char_codes"]
-    assert not (run_dir / ".adapter.tmp").exists()
+    assert not list(run_dir.glob(".adapter.*"))  # no staging folder left behind
     assert done.stdout.count("steps: 2") == 1  # one summary, from the main process

@@ -50,7 +50,6 @@ def fake_gpu(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda index: None, raising=False)  # GRPOConfig picks cuda:0
     monkeypatch.setitem(sys.modules, "unsloth", types.SimpleNamespace(FastLanguageModel=FastLanguageModel))
     monkeypatch.setitem(sys.modules, "vllm", _module("vllm"))
-    monkeypatch.delenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", raising=False)
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     return calls
 
@@ -59,26 +58,17 @@ def fake_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("backend", "cuda", "zero3", "expected"),
+    ("backend", "cuda", "expected"),
     [
-        ("auto", True, False, "unsloth"),
-        ("auto", True, True, "transformers"),
-        ("auto", False, False, "transformers"),
-        ("transformers", True, False, "transformers"),
-        ("unsloth", True, False, "unsloth"),
+        ("auto", True, "unsloth"),
+        ("auto", False, "transformers"),
+        ("transformers", True, "transformers"),
+        ("unsloth", True, "unsloth"),
     ],
 )
-def test_prepare_backend(fake_gpu, monkeypatch, backend, cuda, zero3, expected):
+def test_prepare_backend(fake_gpu, monkeypatch, backend, cuda, expected):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    if zero3:  # what accelerate sets for a DeepSpeed ZeRO-3 config
-        monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
     assert models.prepare_backend(backend) == expected
-
-
-def test_unsloth_under_zero3_is_refused_with_the_alternatives(fake_gpu, monkeypatch):
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    with pytest.raises(GrpoKitError, match="backend=transformers"):
-        models.prepare_backend("unsloth")
 
 
 def test_unsloth_without_a_gpu_is_refused_before_importing_it(monkeypatch):
@@ -105,22 +95,18 @@ def _record_transformers_load(monkeypatch) -> list:
     return seen
 
 
-def test_transformers_places_each_process_on_its_gpu_except_under_zero3(fake_gpu, monkeypatch):
+def test_transformers_places_each_process_on_its_gpu(fake_gpu, monkeypatch):
     seen = _record_transformers_load(monkeypatch)
-    transformers, auto = load_recipe("a100-80gb", backend="transformers"), load_recipe("a100-80gb")
+    transformers = load_recipe("a100-80gb", backend="transformers")
     monkeypatch.setenv("LOCAL_RANK", "3")  # set by the launcher (after the recipe: TRL would start torch.distributed)
     with pytest.raises(_Stop):
         models.load_model(transformers)
-    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
-    with pytest.raises(_Stop):
-        models.load_model(auto)  # auto under ZeRO-3: transformers, not Unsloth
     assert "from_pretrained" not in fake_gpu
-    (first_id, first), (_, zero3) = seen
+    ((first_id, first),) = seen
     assert first_id == MODEL and first["dtype"] == "bfloat16" and first["device_map"] == {"": 3}
-    assert zero3["dtype"] == "bfloat16" and "device_map" not in zero3  # DeepSpeed places (shards) the weights
 
 
-def test_transformers_4bit_is_nf4_stored_in_the_compute_dtype(fake_gpu, monkeypatch):
+def test_transformers_4bit_is_nf4_computing_in_the_run_dtype(fake_gpu, monkeypatch):
     seen = _record_transformers_load(monkeypatch)
     monkeypatch.setitem(sys.modules, "bitsandbytes", _module("bitsandbytes"))
     with pytest.raises(_Stop):
@@ -128,7 +114,6 @@ def test_transformers_4bit_is_nf4_stored_in_the_compute_dtype(fake_gpu, monkeypa
     quant = seen[0][1]["quantization_config"]
     assert quant.load_in_4bit and quant.bnb_4bit_quant_type == "nf4"
     assert quant.bnb_4bit_compute_dtype is torch.float16
-    assert quant.bnb_4bit_quant_storage is torch.float16  # what lets ZeRO-3 shard 4-bit weights
 
 
 def test_4bit_without_bitsandbytes_names_the_install_command(monkeypatch):
