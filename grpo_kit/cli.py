@@ -28,13 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"grpo-kit {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    p = sub.add_parser("presets", help="list the VRAM-tier presets (table, or JSON with --json)")
-    p.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    p = sub.add_parser("presets", help="list the VRAM-tier presets")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.set_defaults(handler=("planner", "cli_presets"))
-
-    p = sub.add_parser("rewards", help="list the reward functions a recipe can name (reward_funcs: in a recipe)")
-    p.set_defaults(handler=("rewards", "cli_rewards"))
 
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
                        description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
@@ -107,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=("export", "cli_export"))
 
     p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
-    p.add_argument("question", nargs="*", help="the question (none: read one question per line from stdin)")
+    p.add_argument("question", nargs="*", help="the question")
     p.add_argument("--adapter", help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")

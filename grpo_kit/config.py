@@ -42,7 +42,7 @@ class KitArgs:
     system_prompt: str | None = field(default=None, metadata={"help": "replaces the kit's think/answer instruction"})
     max_prompt_length: int = field(default=256, metadata={"help": "longer prompts are left out (and counted)"})
     reward_funcs: list[str] = field(default_factory=lambda: ["correctness", "format"],
-                                    metadata={"help": "built-in reward names (`grpo-kit rewards`) or package.module:function"})
+                                    metadata={"help": "built-in reward names or package.module:function"})
 
 
 @dataclass(frozen=True)
@@ -274,7 +274,7 @@ def _check(recipe: Recipe) -> None:
     unknown = [r for r in k.reward_funcs if ":" not in r and r not in REWARDS]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
         raise GrpoKitError(f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
-                           "(`grpo-kit rewards`) or write package.module:function.")
+                           "or write package.module:function.")
     if k.max_prompt_length + g.max_completion_length > k.max_seq_length:
         raise GrpoKitError(f"Recipe {name}: max_prompt_length ({k.max_prompt_length}) + max_completion_length "
                            f"({g.max_completion_length}) exceeds max_seq_length ({k.max_seq_length}). Raise "

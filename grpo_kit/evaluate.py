@@ -14,7 +14,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -416,32 +415,20 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
 
 
 def cli_chat(args) -> int:
-    """``grpo-kit chat``: answer the question given as arguments, else one question per line of stdin until EOF."""
+    """``grpo-kit chat``: answer the question given as arguments; a conversation is ``ask`` called in a notebook."""
     from grpo_kit.models import load_inference_model, set_torch_threads
 
-    if args.question and not " ".join(args.question).strip():
-        raise GrpoKitError('The question is empty. Ask one (grpo-kit chat "What is 17 + 25?"), or give none to read '
-                           "questions from stdin.")
+    question = " ".join(args.question).strip()
+    if not question:
+        raise GrpoKitError(f"{'The question is empty' if args.question else 'No question given'}. Ask one: "
+                           'grpo-kit chat "What is 17 + 25?". For a conversation, call `ask` in a notebook '
+                           '(notebooks/00_train_grpo_colab.ipynb, "Talk to it").')
     set_torch_threads()
     base, settings = run_settings(args.model, args.adapter)
     model, tokenizer = load_inference_model(base, args.adapter)
-    interactive = not args.question and sys.stdin.isatty()
-    if interactive:
-        print("Ask a question (an empty line or Ctrl-D ends).")
-    for question in [" ".join(args.question)] if args.question else _read_questions(interactive):
-        if not args.question and not interactive:
-            print(f"Q: {question}")
-        ask(model, tokenizer, question, max_new_tokens=args.max_new_tokens, temperature=args.temperature, **settings)
-        print()
+    ask(model, tokenizer, question, max_new_tokens=args.max_new_tokens, temperature=args.temperature, **settings)
+    print()
     return 0
-
-
-def _read_questions(interactive: bool):
-    """Questions from stdin until EOF; blank lines are skipped, except at a terminal, where one ends the chat."""
-    with contextlib.suppress(EOFError):
-        while (line := input("> " if interactive else "").strip()) or not interactive:
-            if line:
-                yield line
 
 
 def cli_eval(args) -> int:

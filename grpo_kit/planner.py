@@ -8,7 +8,6 @@ Unsloth chunks the logits and offloads checkpoints, so real peaks should come ou
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -288,10 +287,9 @@ def t4_minutes(recipe, eval_questions: int) -> tuple[float, float]:
 # --------------------------------------------------------------------------------------------- grpo-kit presets
 
 
-def _estimate_or_none(recipe, digits: int | None = None) -> float | None:
+def _estimate_or_none(recipe) -> float | None:
     shape = shape_for(recipe.model.model_name_or_path)
-    total = None if shape is None else estimate_vram(recipe, shape).total_gib
-    return total if total is None or digits is None else round(total, digits)
+    return None if shape is None else estimate_vram(recipe, shape).total_gib
 
 
 def presets_table(recipes) -> str:
@@ -309,16 +307,12 @@ def presets_table(recipes) -> str:
 
 
 def cli_presets(args) -> int:
-    """``grpo-kit presets``: the table; ``--json`` a JSON list; ``--plan NAME`` one VRAM breakdown."""
+    """``grpo-kit presets``: the table; ``--plan NAME`` one VRAM breakdown."""
     from grpo_kit.config import load_recipe, recipe_names
 
     if args.plan:
         recipe = load_recipe(args.plan)
         text = f"{recipe.name}: {recipe.kit.description}\n\n{estimate_vram(recipe).format()}"
-    elif args.json:
-        text = json.dumps([{**r.values, "generation_batch_size": r.grpo.generation_batch_size,
-                            "prompts_per_step": r.prompts_per_step, "estimate_gib": _estimate_or_none(r, 2),
-                            "recipe_file": r.path} for r in map(load_recipe, recipe_names())], indent=2)
     else:
         text = presets_table(map(load_recipe, recipe_names())) + (
             "\n\nG: completions per question; q/step: questions per optimizer step; plan: the VRAM planner's GiB (cpu: "

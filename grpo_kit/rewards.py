@@ -79,7 +79,7 @@ def has_soft_format(text: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The rewards. The first docstring line is the row of the `grpo-kit rewards` table.
+# The rewards. The first docstring line is the row of the README's reward table.
 
 
 def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list[float]:
@@ -143,7 +143,7 @@ def format_rate(completions, prefill=None, **kwargs) -> list[float]:
     return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
 
 
-#: name -> reward function, in the order of the `grpo-kit rewards` table.
+#: name -> reward function, in the order of the README's reward table.
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness_reward,
     "format": format_reward,
@@ -183,7 +183,7 @@ def _reward_function(name: str) -> Callable[..., list[float]]:
         return REWARDS[name]
     module, _, function = name.partition(":")
     if not function:
-        raise GrpoKitError(f"Unknown reward {name!r}. Choose from: {', '.join(REWARDS)} (see `grpo-kit rewards`), or name "
+        raise GrpoKitError(f"Unknown reward {name!r}. Choose from: {', '.join(REWARDS)}, or name "
                            "your own function as package.module:function (e.g. my_rewards:brevity).")
     if os.getcwd() not in sys.path:  # a console script's sys.path lacks the folder the user runs it from
         sys.path.append(os.getcwd())
@@ -214,21 +214,3 @@ def score_completions(completions: Sequence[Any], answers: Sequence[str] | str |
     scores = [fn(completions, answer=gold, prefill=heads) for fn in funcs]
     rows = [{name: values[i] for name, values in zip(chosen, scores, strict=True)} for i in range(count)]
     return [{**row, "total": round(sum(row.values()), 6)} for row in rows]
-
-
-def reward_table_markdown() -> str:
-    """The markdown table of the built-in rewards (name | range | what it scores) that ``grpo-kit rewards`` prints.
-    """
-    lines = ["| name | range | what it scores |", "|---|---|---|"]
-    for name, (low, high) in RANGES.items():
-        what = REWARDS[name].__doc__.splitlines()[0].replace("``", "`")
-        lines.append(f"| `{name}` | {low:g} to {high:g} | {what} |")
-    return "\n".join(lines)
-
-
-def cli_rewards(args: Any = None) -> int:
-    """``grpo-kit rewards``: print the reward table and how a recipe names its rewards."""
-    print(reward_table_markdown())
-    print("\nIn a recipe: reward_funcs: [correctness, format] and reward_weights: [2.0, 1.0]; on the command line: "
-          "--set reward_funcs=correctness,my_rewards:brevity --set reward_weights=2,0.5")
-    return 0

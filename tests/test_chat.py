@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 
 import pytest
@@ -38,11 +37,10 @@ def test_chat_cli_takes_the_question_as_arguments(run_adapter, capsys):
     assert capsys.readouterr().out.startswith("<think>\n")
 
 
-def test_chat_cli_reads_questions_from_stdin(run_adapter, monkeypatch, capsys):
-    monkeypatch.setattr("sys.stdin", io.StringIO("First question?\n\nSecond question?\n"))
-    assert main(["chat", "--adapter", str(run_adapter), "--max-new-tokens", "3"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("Q: ") == 2 and "Q: Second question?" in out
+def test_chat_cli_without_a_question_names_the_usage(capsys):
+    assert main(["chat"]) == 2
+    err = capsys.readouterr().err
+    assert 'grpo-kit chat "What is 17 + 25?"' in err and "notebook" in err and "Traceback" not in err
 
 
 def test_without_a_run_record_the_base_comes_from_the_adapter(tmp_path, tiny_model_dir, make_adapter):

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.rewards import RANGES, REWARDS, cli_rewards, reward_functions, reward_table_markdown, score_completions
+from grpo_kit.rewards import RANGES, REWARDS, reward_functions, score_completions
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
@@ -413,32 +410,6 @@ def test_the_best_completion_reaches_every_upper_bound():
 def test_format_rate_is_the_share_in_format():
     texts = [GOOD, "<answer>72</answer>", "a</think><answer>7</answer>"]
     assert REWARDS["format_rate"](texts, prefill=["", "", "<think>"]) == [1.0, 0.0, 1.0]
-
-
-def test_reward_table_markdown_lists_every_reward():
-    table = reward_table_markdown()
-    lines = table.splitlines()
-    assert lines[0] == "| name | range | what it scores |" and lines[1] == "|---|---|---|"
-    assert len(lines) == 2 + len(BUILT_IN)
-    for name, line in zip(BUILT_IN, lines[2:], strict=True):
-        assert line.startswith(f"| `{name}` |") and line.count("|") == 4
-    assert "| `tag_count` | -0.25 to 1 |" in table
-    assert not re.search(r"(?<!`)<(think|answer)>(?![^`]*`)", table)  # tags are in code spans (no raw HTML)
-
-
-def test_cli_rewards_prints_the_table(capsys):
-    assert cli_rewards(None) == 0
-    out = capsys.readouterr().out
-    assert reward_table_markdown() in out
-
-
-def test_cli_rewards_into_a_closed_pipe_has_no_traceback():
-    """`grpo-kit rewards | head -1`: the reader is gone before the table is written."""
-    read_end, write_end = os.pipe()
-    os.close(read_end)  # every write now fails with EPIPE (Python ignores SIGPIPE, so BrokenPipeError)
-    proc = subprocess.run([sys.executable, "-m", "grpo_kit", "rewards"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
-    os.close(write_end)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 
 # ----------------------------------------------------------------------------------------------- reward_functions
