@@ -162,7 +162,7 @@ _KILLED_EXPORT = textwrap.dedent(
     import os, signal, sys
     import grpo_kit.export as ex
 
-    def dying(merged, tokenizer, folder, dtype_name):
+    def dying(base_path, adapter_dir, tokenizer, folder, dtype_name):
         folder.mkdir(parents=True)
         with open(folder / "model.safetensors", "wb") as handle:
             handle.write(b"\\0" * 4096)  # half of the weights are on disk...
