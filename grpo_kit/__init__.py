@@ -11,5 +11,8 @@ import logging
 # the optional `kernels` package, which fetches a faster 4-bit matmul from the Hugging Face Hub at run time. The kit
 # does not use it (runs must not download code), so every command would otherwise start with that line.
 logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+# datasets' file loaders log a parse failure, traceback included, before raising it; grpo_kit.data turns that error
+# into one message naming the file and the shape it must have.
+logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
 
 __version__ = "0.1.0"

@@ -9,7 +9,6 @@ naming the file and row or, with ``lenient=True``, is skipped, counted and annou
 
 from __future__ import annotations
 
-import logging
 import random
 import re
 import warnings
@@ -234,8 +233,6 @@ def _file_records(path: Path):
     loader, shape = LOCAL_FORMATS[suffix]
     if not path.read_bytes().strip():
         raise GrpoKitError(f"{path} is empty. Write {shape}.")
-    # datasets' loaders log a parse failure (with its traceback) before raising it: the error below says it once
-    logging.getLogger("datasets.packaged_modules").setLevel(logging.CRITICAL)
     try:  # utf-8-sig: a JSON file saved as "UTF-8 with BOM" (Windows) loads too
         options = {"encoding": "utf-8-sig"} if loader == "json" else {}
         table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)

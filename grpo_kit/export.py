@@ -33,7 +33,6 @@ from typing import Any, NamedTuple
 import torch
 from huggingface_hub import HfApi, get_token
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from grpo_kit import gguf as gguf_files
 from grpo_kit import models, runs
@@ -127,10 +126,10 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
         raise GrpoKitError("The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
                            "export --format lora.")
     scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
-    weights = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    weights = _tensors(adapter_dir)  # memory-mapped, a factor read when its delta is asked for
 
     def delta(a_key: str):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D) layers
-        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")].float() @ weights[a_key].float())
+        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")]().float() @ weights[a_key]().float())
 
     return {_base_name(key): functools.partial(delta, key) for key in weights if ".lora_A." in key}
 
