@@ -75,7 +75,7 @@ def gap(steps: int, questions: int) -> None:
 
     recipe = load_recipe("cpu-answers", model_name_or_path=EMBEDDED_4BIT_ID, load_in_4bit=True, max_steps=steps)
     out = Path("runs") / f"bench-4bit-gap-{time.strftime('%Y%m%d-%H%M%S')}"
-    result = train(recipe, data="arithmetic-1step", output_dir=out)
+    result = train(recipe, data="arithmetic", output_dir=out)
     merged = export(result.adapter_dir, ("merged16",), out_dir=out / "exports", name="merged")[0].path
     trained, tokenizer = load_inference_model(EMBEDDED_4BIT_ID, result.adapter_dir)  # 4-bit base + LoRA
     shipped, _ = load_inference_model(str(merged))
@@ -92,12 +92,12 @@ def gap(steps: int, questions: int) -> None:
     print(f"|Δlogit| 4-bit+LoRA vs merged16 (stored in {stored}), {len(deltas)} probe prompts: "
           f"max {max(d.max().item() for d in deltas):.3f}, "
           f"mean {torch.cat([d.flatten() for d in deltas]).mean().item():.4f}")
-    held_out = load_gsm8k("arithmetic-1step", "test", limit=questions, seed=0)
+    held_out = load_gsm8k("arithmetic", "test", limit=questions, seed=0)
     settings = dict(max_new_tokens=recipe.grpo.max_completion_length, batch_size=16, few_shot=recipe.kit.few_shot,
                     prefill=recipe.kit.prefill, seed=recipe.grpo.seed, progress=False)
     scored = [evaluate(trained, tokenizer, held_out, **settings), evaluate(shipped, tokenizer, held_out, **settings)]
     change = paired_difference(*([row["correct_strict"] for row in s.rows] for s in scored))
-    print(f"held-out strict accuracy ({len(held_out)} arithmetic-1step test questions, greedy): "
+    print(f"held-out strict accuracy ({len(held_out)} arithmetic test questions, greedy): "
           f"4-bit+LoRA {100 * scored[0].accuracy_strict:.1f} %, merged16 {100 * scored[1].accuracy_strict:.1f} %")
     print("merged16 vs 4-bit+LoRA, paired: " + change.summary())
 

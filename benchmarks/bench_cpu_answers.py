@@ -1,7 +1,7 @@
 """Does GRPO on CPU teach *answers*? Held-out strict accuracy before and after the ``cpu-answers`` recipe.
 
 One run: train the ``cpu-answers`` preset on the one-step synthetic arithmetic train split (embedded SmolLM2-135M),
-then score the base model and base+adapter greedily on the same held-out problems (``arithmetic-1step`` test split:
+then score the base model and base+adapter greedily on the same held-out problems (``arithmetic`` test split:
 no calculation of the train split appears there, even under another name). Prints:
 
 - the correctness reward per step (share of the sampled completions that were right, and TRL's share of groups
@@ -127,8 +127,8 @@ def main(argv=None) -> int:
 
     preset = load_recipe("cpu-answers", **parse_set(args.set), **({"max_steps": args.steps} if args.steps else {}))
     out = Path(args.out or Path("runs") / f"bench-cpu-answers-{time.strftime('%Y%m%d-%H%M%S')}")
-    held_out = load_gsm8k("arithmetic-1step", "test", limit=args.questions, seed=0)
-    result = train(preset, data="arithmetic-1step", output_dir=out,
+    held_out = load_gsm8k("arithmetic", "test", limit=args.questions, seed=0)
+    result = train(preset, data="arithmetic", output_dir=out,
                    callbacks=(time_budget(60 * args.minutes),))
     started = time.time()
     base, tuned = evaluate_before_after(
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
           f"lr {preset.grpo.learning_rate:g}, temperature {preset.grpo.temperature:g}, {args.threads} threads")
     print("\ncorrectness reward per step (training samples):\n" + curve_table(curve))
     print(f"curve image: {png}")
-    print(f"\nheld-out strict accuracy, arithmetic-1step test, greedy, {preset.grpo.max_completion_length} tokens:")
+    print(f"\nheld-out strict accuracy, arithmetic test, greedy, {preset.grpo.max_completion_length} tokens:")
     print(change.summary())
     print(f"lenient {100 * base.accuracy_lenient:.1f} % -> {100 * tuned.accuracy_lenient:.1f} %, "
           f"format {100 * base.format_rate:.1f} % -> {100 * tuned.format_rate:.1f} %")

@@ -16,22 +16,16 @@ import contextlib
 import json
 import math
 import os
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import completion_text
 from grpo_kit.runs import adapter_problem, atomic_write_text, checkpoints, latest_checkpoint, set_aside
-
-#: Consecutive non-finite ``grad_norm`` logs tolerated under fp16: its loss scaler skips such steps on purpose.
-FP16_GRAD_NORM_PATIENCE = 3
-#: Metrics copied into metrics.jsonl (plus every ``rewards/<name>/mean``, as ``reward/<name>``). ``reward`` is the
-#: one meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch.
-TRACKED = ("loss", "grad_norm", "learning_rate", "reward", "reward_std", "frac_reward_zero_std", "completions/mean_length",
-           "completions/clipped_ratio", "kl", "entropy", "step_time", "epoch")
 
 
 class NumericsError(GrpoKitError):
@@ -62,26 +56,22 @@ def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
     return bad
 
 
-def _resume_hint(run_dir, checkpoint_is_clean: bool = True) -> str:
+def _resume_hint(run_dir) -> str:
     if run_dir is None:
         return ""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        written = [folder.name for _, folder in checkpoints(run_dir)]  # torn, or holding weights that already broke
-        state = (f"None of its checkpoints ({', '.join(written)}) can be resumed from" if written
-                 else "No complete checkpoint was written")
-        return (f" {state} in {run_dir}: after the fix, the same command with --resume starts again from step 0 in "
-                "that folder (what this attempt left is set aside, not deleted).")
-    resume = f"`grpo-kit train ... --output {run_dir} --resume` (or train(..., resume=True))"
-    if checkpoint_is_clean:
-        return f" The last complete checkpoint, {checkpoint}, was written before the problem: after the fix, continue with {resume}."
-    return (f" The last complete checkpoint is {checkpoint}, but the weights may have broken in the update it holds: "
-            f"after the fix, continue with {resume}; if that fails the same way, move that checkpoint folder out of "
-            f"{run_dir} and resume from the one before.")
+        written = ", ".join(folder.name for _, folder in checkpoints(run_dir))  # torn, or weights that already broke
+        return (f" No complete checkpoint in {run_dir}" + (f" ({written} cannot be resumed from)" if written else "")
+                + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
+                "attempt left is set aside, not deleted).")
+    # complete means finite weights too (runs.adapter_problem): weights that already broke are never offered
+    return (f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
+            f"{run_dir} --resume` (or train(..., resume=True)).")
 
 
-def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkpoint_is_clean: bool = True,
-                   detail: str = "", where: str | None = None) -> NumericsError:
+def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, detail: str = "",
+                   where: str | None = None) -> NumericsError:
     if metric.startswith("reward/"):
         fix = (f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
                "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs.")
@@ -89,10 +79,10 @@ def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkp
         fix = ("The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
                "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
                "card; on CPU the 'cpu' recipe trains in fp32.")
-    where = where or (f"at step {step}" if step is not None else "during training")
+    where = where or f"at step {step}"  # GuardedReward, the only caller without a step, says where
     message = (f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
                f"instead of training on silently (nothing from this step was saved). {fix}{detail}")
-    return NumericsError(message + _resume_hint(run_dir, checkpoint_is_clean), step=step, metric=metric, value=value)
+    return NumericsError(message + _resume_hint(run_dir), step=step, metric=metric, value=value)
 
 
 # --------------------------------------------------------------------------------------------- rewards
@@ -100,14 +90,13 @@ def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, checkp
 
 class GuardedReward:
     """A reward function as TRL calls it, watched: an exception or a NaN/inf score stops the run with a message naming
-    the reward, the step and the completion (``None`` passes: TRL's "not applicable"); the scores go to ``samples``.
+    the reward, the step and the completion (``None`` passes: TRL's "not applicable").
     Same name as ``fn`` for TRL's logs (``rewards/<name>/mean``); picklable when ``fn`` is."""
 
-    def __init__(self, fn, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None,
-                 when: str | None = None):
+    def __init__(self, fn, run_dir: str | os.PathLike | None = None, when: str | None = None):
         from trl.trainer.utils import get_callable_name
 
-        self.fn, self.run_dir, self.samples, self.__name__ = fn, run_dir, samples, get_callable_name(fn)
+        self.fn, self.run_dir, self.__name__ = fn, run_dir, get_callable_name(fn)
         self.when = when  # where a failure happened, for a call outside training ("on a test call ...")
 
     def __call__(self, *args, **kwargs):
@@ -125,13 +114,9 @@ class GuardedReward:
                 text = _excerpt(completion_text(completions[index]), head=80, tail=0)
                 raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir, where=where,
                                      detail=f" (completion {index}: {text!r})")
-        if self.samples is not None:
-            self.samples.record(self.__name__, scores, completions, kwargs)
         return scores
 
     def _raised(self, error: Exception, where: str, completions) -> GrpoKitError:
-        import traceback
-
         frame = traceback.extract_tb(error.__traceback__)[-1]  # the line of the user's code that raised
         saved = f" ({Path(frame.filename).name}, line {frame.lineno})"
         if self.run_dir is not None and Path(self.run_dir).is_dir():
@@ -142,15 +127,13 @@ class GuardedReward:
         return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
                             f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
                             "function (it must return one float or None per completion, for any text) or leave it out "
-                            f"of reward_funcs.{_resume_hint(self.run_dir) if self.when is None else ''}")
+                            f"of reward_funcs.{_resume_hint(self.run_dir)}")
 
 
 def check_rewards(funcs, row: dict, tokenizer) -> None:
     """Call each plain reward function once, as TRL will, on made-up completions of one training prompt (a right
     answer, no tags, an empty text): a reward that raises or returns NaN fails now, before any weights load, not
     after an 8B model has loaded and generated for minutes."""
-    from transformers import TrainerState
-
     texts = ["<think>\n2 + 2 = 4\n</think>\n<answer>4</answer>", "I do not know.", ""]
     completions = [[{"role": "assistant", "content": t}] for t in texts] if isinstance(row["prompt"], list) else texts
     columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
@@ -162,7 +145,7 @@ def check_rewards(funcs, row: dict, tokenizer) -> None:
                 log_extra=lambda *args, **kwargs: None, log_metric=lambda *args, **kwargs: None, **columns)
 
 
-def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: CompletionSamples | None = None) -> list:
+def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
     """Each plain reward function as a ``GuardedReward``; reward models (``nn.Module``) and async functions, which
     TRL calls differently, pass unchanged."""
     import torch
@@ -170,7 +153,7 @@ def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: Comp
 
     plain = [callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
              for fn in funcs]
-    return [GuardedReward(fn, run_dir, samples) if wrap else fn for fn, wrap in zip(funcs, plain, strict=True)]
+    return [GuardedReward(fn, run_dir) if wrap else fn for fn, wrap in zip(funcs, plain, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------- trainer callbacks
@@ -178,7 +161,7 @@ def guard_rewards(funcs, run_dir: str | os.PathLike | None = None, samples: Comp
 
 class NumericsGuard(TrainerCallback):
     """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward (under fp16, only
-    after ``FP16_GRAD_NORM_PATIENCE`` non-finite grad_norm logs in a row)."""
+    after 3 non-finite grad_norm logs in a row: its loss scaler skips such steps on purpose)."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
         self.run_dir, self.bad_grad_norms = run_dir, 0
@@ -187,7 +170,7 @@ class NumericsGuard(TrainerCallback):
         bad = non_finite(logs or {})
         grad = [item for item in bad if item[0] == "grad_norm"]
         self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
-        patience = FP16_GRAD_NORM_PATIENCE if args.fp16 else 1
+        patience = 3 if args.fp16 else 1
         fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
         if fatal:
             raise numerics_error(state.global_step, *fatal[0], self.run_dir)
@@ -213,7 +196,7 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
         if not any(m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")):
             raise
         raise numerics_error(trainer.state.global_step + 1, "the model's output (sampling probabilities)", "NaN/inf",
-                             run_dir, checkpoint_is_clean=False) from error
+                             run_dir) from error
 
 
 class ScheduleToMaxSteps(TrainerCallback):
@@ -236,7 +219,9 @@ class ScheduleToMaxSteps(TrainerCallback):
 
 
 class MetricsLogger(TrainerCallback):
-    """Append each training log as one JSON line to ``path`` (``metrics.jsonl``; the plots and resume read it)."""
+    """Append each training log as one JSON line to ``path`` (``metrics.jsonl``; the plots and resume read it), each
+    ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one meaning of "total reward" in the kit: TRL's
+    weighted sum of the rewards, averaged over the batch."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -248,9 +233,8 @@ class MetricsLogger(TrainerCallback):
         for key, value in logs.items():
             if key.startswith("rewards/") and key.endswith("/mean"):
                 name = key[8:-5]
-                row[name if name == "format_rate" else f"reward/{name}"] = value
-            elif key in TRACKED:
-                row[key] = value
+                key = name if name == "format_rate" else f"reward/{name}"  # format_rate: a metric, not a reward
+            row[key] = value
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
 
@@ -271,54 +255,13 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     atomic_write_text(path, "".join(dumps_finite(row) + "\n" for row in rows))
 
 
-def reward_first_last(history: list[dict], window: int = 3, key: str = "reward") -> tuple[float | None, float | None]:
-    """Mean of ``key`` over the first and the last ``window`` logged steps.
-
-    >>> reward_first_last([{"reward": 0.0}, {"reward": 0.2}, {"reward": 0.8}, {"reward": 1.0}], window=2)
-    (0.1, 0.9)
-    """
-    values = [row[key] for row in history if isinstance(row.get(key), (int, float))]
+def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
+    """Mean ``reward`` over the first and the last ``window`` logged steps."""
+    values = [row["reward"] for row in history if isinstance(row.get("reward"), (int, float))]
     if not values:
         return None, None
     window = max(1, min(window, len(values) // 2 or 1))
     return sum(values[:window]) / window, sum(values[-window:]) / window
-
-
-class CompletionSamples(TrainerCallback):
-    """Watch GRPO learn: the latest batch's completions with each reward's score, printed every ``every`` steps.
-
-    A loss near 0 says nothing in GRPO; what shows learning is what the model writes and how the rewards score it.
-    ``guard_rewards(funcs, run_dir, samples)`` hands it the scores; notebooks show ``samples.rows()`` as a table.
-    """
-
-    def __init__(self, every: int, rows: int = 4, printer=print):
-        self.every, self.max_rows, self.printer = every, rows, printer
-        self.completions, self.questions, self.scores = [], [], {}
-
-    def record(self, name: str, scores, completions, columns: dict) -> None:
-        """Keep one reward's scores of the current generation batch (a new batch forgets the previous one's)."""
-        if completions is not self.completions:
-            self.completions, self.scores = completions, {}
-            self.questions = list(columns.get("question") or columns.get("prompts") or [""] * len(completions))
-        self.scores[name] = list(scores)
-
-    def rows(self) -> list[dict]:
-        """Up to ``rows`` completions spread over the batch (so different questions show), with their scores."""
-        n = len(self.completions)
-        picked = list(range(0, n, max(1, n // self.max_rows)))[: self.max_rows]
-        return [{"question": _excerpt(completion_text(self.questions[i]), head=60, tail=0),
-                 "completion": _excerpt(completion_text(self.completions[i])),
-                 **{name: scores[i] for name, scores in self.scores.items()}} for i in picked]
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if not (self.every and state.global_step % self.every == 0 and state.is_world_process_zero):
-            return
-        lines = [f"step {state.global_step}: sampled completions and their rewards"]
-        for row in self.rows():
-            scores = "  ".join(f"{k}={'n/a' if v is None else format(v, 'g')}" for k, v in row.items()
-                               if k not in ("question", "completion"))
-            lines.append(f"  Q: {row['question']}\n  A: {row['completion']}\n     {scores}")
-        self.printer("\n".join(lines) if len(lines) > 1 else f"step {state.global_step}: no completions recorded yet")
 
 
 def _excerpt(text: str, head: int = 40, tail: int = 70) -> str:
@@ -360,11 +303,7 @@ def check_dataset_size(n_prompts: int, config, *, source: str, filtered: int = 0
 
 
 def dumps_finite(value: Any, **kwargs) -> str:
-    """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers.
-
-    >>> dumps_finite({"loss": float("nan"), "rows": [1.5, float("inf")]})
-    '{"loss": null, "rows": [1.5, null]}'
-    """
+    """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
     def finite(item):
         if isinstance(item, float):
             return item if math.isfinite(item) else None
@@ -387,17 +326,13 @@ def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
 
 
 def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is sound (``runs.adapter_problem``): a broken one is moved to
-    ``adapter.nonfinite`` and reported.
+    """A run is done only when its adapter is sound (``runs.adapter_problem``): a broken one is set aside (as
+    ``damaged-adapter.old-*``, like a damaged checkpoint) and reported.
 
     The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
     broke the weights (an inf learning rate does exactly that).
     """
     if problem := adapter_problem(adapter_dir):
-        aside = run_dir / "adapter.nonfinite"
-        set_aside(aside)  # one from an earlier attempt is renamed, not deleted
-        os.rename(adapter_dir, aside)
-        error = numerics_error(step, "the final adapter", "unusable", run_dir, checkpoint_is_clean=False,
-                               detail=f" ({problem}) The broken adapter was moved to {aside}.")
-        error.metric = "adapter"
-        raise error
+        aside = set_aside(adapter_dir, prefix="damaged-")
+        raise numerics_error(step, "the final adapter", "unusable", run_dir,
+                             detail=f" ({problem}) The broken adapter was moved to {aside}.")

@@ -18,9 +18,6 @@ from grpo_kit.errors import GrpoKitError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from grpo_kit.curriculum import ORDERS, ZERO_VARIANCE  # constant tables: no torch at import
-    from grpo_kit.demo import TASKS  # a light module: no torch/transformers at import time
-
     parser = argparse.ArgumentParser(
         prog="grpo-kit",
         description="Teach and run GRPO on GSM8K: presets per VRAM tier, training, evaluation, verified exports.",
@@ -35,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
                        description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
                        "(grpo_kit.config.KitArgs). Change any of them for one run with --set KEY=VALUE, e.g. --set "
-                       "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false.")
+                       "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false; "
+                       "--set log_completions=true prints sampled completions with their rewards (TRL's table).")
     p.add_argument("--preset", "--recipe", default="auto", metavar="NAME|PATH", help="a shipped recipe (see `grpo-kit "
                    "presets`), 'auto' to detect, or your own recipe YAML file (start from recipes/cpu.yaml)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -45,11 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
     p.add_argument("--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping")
-    p.add_argument("--show-completions", type=int, default=0, metavar="N",
-                   help="every N steps, print a few sampled completions with each reward's score")
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
-    p.add_argument("--curriculum-order", choices=list(ORDERS), help="default: entropy")
-    p.add_argument("--zero-variance", choices=list(ZERO_VARIANCE),
+    p.add_argument("--zero-variance", choices=("keep", "drop"),
                    help="questions whose sampled rewards were all equal (default: keep)")
     p.set_defaults(handler=("train", "cli_train"))
 
@@ -64,17 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)")
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
     p.set_defaults(handler=("curriculum", "cli_curriculum"))
-
-    p = sub.add_parser("demo", help="train GRPO on CPU with the embedded model and show that it learns")
-    p.add_argument("--task", choices=tuple(TASKS), default="format",
-                   help="what GRPO teaches: 'format' (think/answer tags, ~8 min on 2 cores) or 'arithmetic' (right "
-                   "answers to one-step arithmetic with the cpu-answers preset, measured on held-out problems with 95 %% "
-                   "intervals)")
-    p.add_argument("--max-steps", type=int, help="optimizer steps (default: the demo recipe's)")
-    p.add_argument("--output", help="run folder (default: runs/demo)")
-    p.add_argument("--no-eval", action="store_true", help="skip the before/after evaluation")
-    p.add_argument("--no-export", action="store_true", help="skip exporting the adapter")
-    p.set_defaults(handler=("demo", "cli_demo"))
 
     p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
     p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
@@ -114,9 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}{set_hint(extra)}")
+    args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
@@ -142,18 +124,4 @@ def main(argv: list[str] | None = None) -> int:
 
 def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt("stopped by SIGTERM; the run folder keeps its complete checkpoints: --resume continues")
-
-
-def set_hint(extra: list[str]) -> str:
-    """For unknown ``--max-steps 3``-style flags: the ``--set`` spelling (the one command-line override route)."""
-    hints = []
-    for i, token in enumerate(extra):
-        if token.startswith("--"):
-            key, _, value = token[2:].partition("=")
-            if not value and i + 1 < len(extra) and not extra[i + 1].startswith("--"):
-                value = extra[i + 1]
-            key = key.replace("-", "_")
-            # output_dir is the run folder, which --output names (train refuses --set output_dir)
-            hints.append(f"--output {value or 'DIR'}" if key == "output_dir" else f"--set {key}={value or 'VALUE'}")
-    return f". Recipe fields change with --set: {' '.join(hints)}" if hints else ""
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Collection
 from pathlib import Path
 
 from grpo_kit.errors import GrpoKitError
@@ -60,14 +60,6 @@ def workspace(*, drive: bool = True) -> Path:
                 here)
 
 
-def size_bytes(path: str | os.PathLike) -> int:
-    """Bytes on disk of a file, or of every file under a folder."""
-    path = Path(path)
-    if path.is_file():
-        return path.stat().st_size
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
-
-
 def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str, fix: str | None = None) -> None:
     """Refuse, in one line naming a smaller choice that fits (or ``fix``), when ``sizes`` (name -> bytes) need more
     than the free space at ``dest`` minus ``SPACE_MARGIN``."""
@@ -96,7 +88,7 @@ def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
 
 
-def copy_to_drive(folder: str | os.PathLike, *, include: Iterable[str] | None = None,
+def copy_to_drive(folder: str | os.PathLike, *, include: Collection[str] | None = None,
                   dest: str | os.PathLike | None = None) -> Path | None:
     """Copy the entries ``include`` (default: all) of an export ``folder`` to ``dest/<folder name>``; ``dest``
     defaults to ``exports/`` in the kit's Drive folder. Returns the copy, or None off Colab with no ``dest``.
@@ -116,12 +108,12 @@ def copy_to_drive(folder: str | os.PathLike, *, include: Iterable[str] | None = 
         if drive_folder is None:
             return None
         dest = drive_folder / "exports"
-    wanted = None if include is None else set(include)
-    entries = [entry for entry in sorted(folder.iterdir()) if wanted is None or entry.name in wanted]
+    entries = [entry for entry in sorted(folder.iterdir()) if include is None or entry.name in include]
     if not entries:
-        raise GrpoKitError(f"Nothing to copy: {folder} has none of {sorted(wanted)}; it holds "
+        raise GrpoKitError(f"Nothing to copy: {folder} has none of {sorted(include or ())}; it holds "
                            f"{sorted(e.name for e in folder.iterdir())}.")
-    check_fits({entry.name: size_bytes(entry) for entry in entries}, dest, what=f"the copy of {folder.name}")
+    sizes = {entry.name: sum(f.stat().st_size for f in (entry, *entry.rglob("*")) if f.is_file()) for entry in entries}
+    check_fits(sizes, dest, what=f"the copy of {folder.name}")  # bytes of each file, or of every file in each folder
     target = Path(dest) / folder.name
     with staged_dir(target, name=f".{target.name}.copying") as staging:  # a fixed name: a killed copy's goes next time
         for entry in entries:

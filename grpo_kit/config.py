@@ -53,7 +53,6 @@ class Recipe:
     model: Any  # trl.ModelConfig
     kit: KitArgs
     values: Mapping[str, Any]  # what the file and the changes set, nothing else (run.json records it)
-    path: str = ""
 
     @property
     def name(self) -> str:
@@ -81,7 +80,7 @@ class Recipe:
 
     def replace(self, **changes: Any) -> Recipe:
         """A copy with ``changes`` (field names, as in the YAML file) applied and checked again."""
-        return build_recipe({**self.values, **changes}, path=self.path) if changes else self
+        return build_recipe({**self.values, **changes}) if changes else self
 
 
 def recipes_dir() -> Path:
@@ -123,8 +122,7 @@ def load_recipe(name_or_path: str | os.PathLike, **changes: Any) -> Recipe:
             hint = difflib.get_close_matches(text, recipe_names(), n=1)
             raise GrpoKitError(f"Unknown recipe {text!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
                                + f" Shipped: {', '.join(recipe_names())}; a file of your own: --recipe my_recipe.yaml.")
-    values = {"name": path.stem, **_read_yaml(path), **changes}
-    return build_recipe(values, path=str(path))
+    return build_recipe({"name": path.stem, **_read_yaml(path), **changes})
 
 
 def parse_set(pairs: list[str]) -> dict[str, Any]:
@@ -144,7 +142,7 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- parsing
 
 
-def build_recipe(values: Mapping[str, Any], *, path: str = "") -> Recipe:
+def build_recipe(values: Mapping[str, Any]) -> Recipe:
     """Parse ``values`` (field name -> value) with TRL's parser into a checked ``Recipe``."""
     values = dict(values)
     name = str(values.get("name", "custom"))
@@ -172,7 +170,7 @@ def build_recipe(values: Mapping[str, Any], *, path: str = "") -> Recipe:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # TRL's and transformers' own checks in GRPOConfig.__post_init__
         raise GrpoKitError(f"Recipe {name}: {error}") from error
-    recipe = Recipe(grpo=grpo, model=model, kit=kit, values=values, path=path)
+    recipe = Recipe(grpo=grpo, model=model, kit=kit, values=values)
     _check(recipe)
     return recipe
 
@@ -183,7 +181,8 @@ def _parser(name: str):
 
     class Parser(HfArgumentParser):
         def error(self, message):  # argparse would print usage and exit: a recipe error is one clear line
-            raise GrpoKitError(f"Recipe {name}: " + re.sub(r"argument --(\w+)(/--[\w-]+)?", r"\1", message) + ".")
+            message = re.sub(r"argument --(\w+)(/--[\w-]+)?", r"\1", message).rstrip(".")
+            raise GrpoKitError(f"Recipe {name}: {message}.")
 
     return Parser((trl.GRPOConfig, trl.ModelConfig, KitArgs))
 

@@ -5,8 +5,8 @@ mean) and teaches nothing; TRL logs the share of such groups as ``frac_reward_ze
 samples M answers per training question and stores their final numbers and weighted rewards. From them: the
 **answer entropy** of the answers clustered by number ("semantic entropy" in grpo-training-engine; 0 = always the same
 number, a missing number is a cluster of its own), the **accuracy** (agreement is not correctness), and whether the
-question is **zero-variance**. ``grpo-kit train --curriculum`` orders the questions (``ORDERS``) and keeps, drops or
-postpones the zero-variance ones (``ZERO_VARIANCE``). docs/SCALING.md has the method and the measured numbers.
+question is **zero-variance**. ``grpo-kit train --curriculum`` trains the lowest-entropy (most consistent) questions
+first and keeps or drops the zero-variance ones. docs/SCALING.md has the method and the measured numbers.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import statistics
 from collections import Counter
 from collections.abc import Sequence
@@ -24,20 +23,8 @@ from pathlib import Path
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer, normalize_number
 from grpo_kit.errors import GrpoKitError
 
-#: none: the data order (TRL still shuffles); entropy: lowest answer entropy (most consistent) first; accuracy: most
-#: often right first, ties by entropy; staged (grpo-training-engine): lower-entropy half first, each half shuffled.
-ORDERS = ("none", "entropy", "accuracy", "staged")
-#: keep them; drop them (once, before training: DAPO's dynamic sampling drops them online, per batch); last: after
-#: every question with variance.
-ZERO_VARIANCE = ("keep", "drop", "last")
 #: ``torch.isclose(std, 0)`` as TRL tests a group's reward std: |std| <= atol (rtol times 0 adds nothing).
 ZERO_STD_ATOL = 1e-8
-
-
-def _choice(value: str, table: tuple, what: str) -> str:
-    if value not in table:
-        raise GrpoKitError(f"Unknown {what} {value!r}: choose one of {', '.join(table)}.")
-    return value
 
 
 def final_number(text: str) -> str | None:
@@ -92,40 +79,12 @@ class PromptScore:
         return is_zero_variance(self.rewards)
 
 
-def curriculum_order(scores: Sequence[PromptScore | None], order: str = "entropy", seed: int = 0) -> list[int]:
-    """Row indices in training order (stable: ties keep the data order). Rows without a score (None) come last."""
-    if _choice(order, ORDERS, "curriculum order") == "none":
-        return list(range(len(scores)))
-    scored = [i for i, score in enumerate(scores) if score is not None]
-    if order == "accuracy":  # no gold answer (accuracy None) sorts below every accuracy
-        scored.sort(key=lambda i: (scores[i].accuracy is None, -(scores[i].accuracy or 0.0), scores[i].entropy))
-    else:
-        scored.sort(key=lambda i: scores[i].entropy)
-    if order == "staged":
-        rng, half = random.Random(seed), (len(scored) + 1) // 2
-        first, rest = scored[:half], scored[half:]
-        rng.shuffle(first)
-        rng.shuffle(rest)
-        scored = first + rest
-    return scored + [i for i, score in enumerate(scores) if score is None]
-
-
-def zero_variance_filter(indices: Sequence[int], scores: Sequence[PromptScore | None],
-                         mode: str = "keep") -> tuple[list[int], int]:
-    """Apply ``mode`` (``ZERO_VARIANCE``) to an ordering; returns ``(indices, number of zero-variance rows)``."""
-    _choice(mode, ZERO_VARIANCE, "zero-variance mode")
-    flat = [i for i in indices if scores[i] is not None and scores[i].zero_variance]
-    rest = [i for i in indices if not (scores[i] is not None and scores[i].zero_variance)]
-    return {"drop": rest, "last": rest + flat, "keep": list(indices)}[mode], len(flat)
-
-
 def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path:
     """One JSON row per question, written in one piece; derived fields are stored for people reading the file."""
     from grpo_kit.runs import atomic_write_text
 
     rows = [{**vars(s), "entropy": round(s.entropy, 6), "accuracy": s.accuracy, "zero_variance": s.zero_variance,
              "clusters": answer_clusters(s.answers)} for s in scores]
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -156,37 +115,31 @@ def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:
 
 @dataclass(frozen=True)
 class Curriculum:
-    """How training uses a scores file: ``order`` (``ORDERS``), ``zero_variance`` (``ZERO_VARIANCE``)."""
+    """How training uses a scores file (``train`` turns TRL's shuffling off unless the recipe set it: order matters)."""
 
     scores_path: str
-    order: str = "entropy"
-    zero_variance: str = "keep"
-
-    def __post_init__(self) -> None:
-        _choice(self.order, ORDERS, "curriculum order")
-        _choice(self.zero_variance, ZERO_VARIANCE, "zero-variance mode")
-
-    @property
-    def grpo_changes(self) -> dict:
-        """GRPOConfig fields the curriculum needs: TRL must not shuffle when the order matters."""
-        return {"shuffle_dataset": False} if self.order != "none" or self.zero_variance == "last" else {}
+    drop_zero_variance: bool = False
 
     def apply(self, dataset) -> tuple[object, dict]:
-        """The training dataset (a ``question`` column) reordered/filtered; returns ``(dataset, report)``."""
+        """The training dataset (a ``question`` column), lowest answer entropy (most consistent) first, unscored rows
+        last, ties in data order; zero-variance rows dropped if asked. Returns ``(dataset, report)``."""
         scores = read_scores(self.scores_path)
         matched = [scores.get(question) for question in dataset["question"]]
         scored = [s for s in matched if s is not None]
         if not scored:
             raise GrpoKitError(f"None of the {len(dataset)} training questions is in {self.scores_path}: the scores "
                                "were computed for other data. Run grpo-kit curriculum with the same --data as training.")
-        indices, n_flat = zero_variance_filter(curriculum_order(matched, self.order), matched, self.zero_variance)
+        order = sorted(range(len(matched)), key=lambda i: math.inf if matched[i] is None else matched[i].entropy)
+        # Dropped once, before training: DAPO's dynamic sampling drops such groups online, per batch.
+        flat = {i for i, score in enumerate(matched) if score is not None and score.zero_variance}
+        indices = [i for i in order if i not in flat] if self.drop_zero_variance else order
         if not indices:
             raise GrpoKitError(f"Every training question is zero-variance in {self.scores_path}, so --zero-variance "
                                "drop left nothing to train on. Sample more answers (--samples), raise the "
-                               "temperature, or use 'last'.")
-        report = {"scores": str(self.scores_path), "order": self.order, "zero_variance": self.zero_variance,
+                               "temperature, or keep them (--zero-variance keep).")
+        report = {"scores": str(self.scores_path), "zero_variance": "drop" if self.drop_zero_variance else "keep",
                   "reward_spec": scored[0].reward_spec, "questions": len(dataset), "scored": len(scored),
-                  "zero_variance_questions": n_flat, "kept": len(indices)}
+                  "zero_variance_questions": len(flat), "kept": len(indices)}
         return dataset.select(indices), report
 
 
@@ -242,6 +195,5 @@ def cli_curriculum(args) -> int:
     print(json.dumps({"questions": len(scores), "mean_entropy": round(statistics.fmean(s.entropy for s in scores), 4),
                       "mean_accuracy": round(statistics.fmean(accuracies), 4) if accuracies else None,
                       "frac_zero_variance": round(statistics.fmean(s.zero_variance for s in scores), 4)}))
-    print(f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} "
-          "[--curriculum-order entropy|accuracy|staged] [--zero-variance drop|last]")
+    print(f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} [--zero-variance drop]")
     return 0

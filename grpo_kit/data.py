@@ -13,7 +13,6 @@ import random
 import re
 import warnings
 from decimal import Decimal
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -41,8 +40,6 @@ FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
 )
 
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
-#: Bundled sample files, written by the grpo-kit authors (not GSM8K; see grpo_kit/resources/README.md).
-SAMPLE_FILES = {"train": "gsm8k_sample_train.jsonl", "test": "gsm8k_sample_test.jsonl"}
 #: Local data files: suffix -> (the ``datasets`` loader that reads it, what the file must hold: said when it cannot).
 LOCAL_FORMATS = {
     ".jsonl": ("json", "one JSON object per line with 'question' and 'answer', no blank lines, saved as UTF-8"),
@@ -51,11 +48,8 @@ LOCAL_FORMATS = {
     ".csv": ("csv", "a UTF-8 CSV file whose header line names 'question' and 'answer' (quoted cells may span lines)"),
 }
 MAX_REASONS = 5  # skip notes a warning shows
-#: Synthetic arithmetic (NOT GSM8K): split sizes, source names -> ``steps`` (the difficulty), and the test size of
-#: the one-kind sets (enough held-out questions for a 95 % interval of about +-8 points).
-ARITHMETIC_SIZES = {"train": 256, "test": 64}
-ARITHMETIC_SOURCES = {"arithmetic": None, "arithmetic-1step": 1, "arithmetic-2step": 2}
-ARITHMETIC_KIND_TEST_SIZE = 200
+#: Synthetic arithmetic (NOT GSM8K) split sizes; the test size gives a 95 % interval of about +-8 points.
+ARITHMETIC_SIZES = {"train": 256, "test": 200}
 # Exactly one number: optional sign and/or dollar sign, thousands commas, decimals ("-$1,200.50", "$-5", ".5"); a/b.
 _PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)\s*|\s*-?\d+\s*/\s*\d+\s*")
 
@@ -65,8 +59,8 @@ def load_gsm8k(source: str = "gsm8k", split: str = "train", *, lenient: bool = F
     """GSM8K-format rows as a ``datasets.Dataset`` with columns ``question``, ``answer``, ``solution``.
 
     ``source``: ``"gsm8k"`` (Hub ``openai/gsm8k``, config ``main``), ``"sample"`` (bundled; ``split="test"`` is the
-    held-out set), ``"arithmetic"``/``"arithmetic-1step"``/``"arithmetic-2step"`` (synthetic, NOT GSM8K), or a
-    local ``.jsonl``/``.json``/``.parquet``/``.csv`` file with ``question`` and ``answer`` fields (``split`` ignored).
+    held-out set), ``"arithmetic"`` (synthetic one-step problems, NOT GSM8K), or a local ``.jsonl``/``.json``/
+    ``.parquet``/``.csv`` file with ``question`` and ``answer`` fields (``split`` ignored).
     ``limit`` keeps the first N rows after a shuffle seeded by ``seed``. Exact duplicate questions are dropped.
     """
     if limit is not None and limit < 1:
@@ -79,24 +73,28 @@ def load_gsm8k(source: str = "gsm8k", split: str = "train", *, lenient: bool = F
 
 
 def _records(source: str, split: str):
-    """(label, iterator of (where, record or exception)) for a source name or a local path."""
-    if source in ("gsm8k", "sample", *ARITHMETIC_SOURCES) and split not in ("train", "test"):
+    """(label, iterable of records) for a source name or a local path."""
+    if source in ("gsm8k", "sample", "arithmetic") and split not in ("train", "test"):
         raise GrpoKitError(f"The {source!r} data has splits 'train' and 'test', not {split!r}.")
     if source == "gsm8k":
         return f"GSM8K ({HUB_DATASET}, split {split!r})", _hub_records(split)
     if source == "sample":
-        name = SAMPLE_FILES[split]
-        return f"bundled sample {name}", _file_records(Path(__file__).with_name("resources") / name)[1]
-    if source in ARITHMETIC_SOURCES:
-        return f"synthetic {source} (not GSM8K, split {split!r})", _arithmetic_records(split, ARITHMETIC_SOURCES[source])
-    return _file_records(Path(source))
+        name = f"gsm8k_sample_{split}.jsonl"  # by the grpo-kit authors, not GSM8K (see grpo_kit/resources/README.md)
+        return f"bundled sample {name}", _file_records(Path(__file__).with_name("resources") / name)
+    if source == "arithmetic":  # test: 200 problems from seed 1 whose calculations (so questions) are not in train
+        rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0)
+        if split == "test":
+            rows = make_arithmetic_dataset(ARITHMETIC_SIZES["test"], seed=1, exclude=rows["solution"])
+        records = [{"question": row["question"], "answer": row["solution"]} for row in rows]
+        return f"synthetic arithmetic (not GSM8K, split {split!r})", records
+    return str(Path(source)), _file_records(Path(source))
 
 
 def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
     """The good rows, exact duplicate questions dropped; a bad row raises, or with ``lenient`` is skipped and counted."""
     rows, first_seen, notes, read, skipped = [], {}, [], 0, 0  # first_seen: question -> (where, answer)
-    for where, record in records:
-        read += 1
+    for read, record in enumerate(records, start=1):
+        where = f"row {read}"
         try:
             row = _check_record(record)
         except ValueError as err:
@@ -125,12 +123,8 @@ def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
     return rows
 
 
-def _check_record(record: Any) -> dict:
-    if not isinstance(record, dict):
-        raise ValueError(f"expected an object with 'question' and 'answer', got {type(record).__name__}")
-    missing = [key for key in ("question", "answer") if key not in record]
-    if missing:
-        raise ValueError(f"missing field(s) {missing} (found {sorted(record)[:8]})")
+def _check_record(record: dict) -> dict:
+    """One row (a dict with both keys: every source's columns are checked first, ``_need_columns``) made canonical."""
     if not isinstance(record["question"], str) or not record["question"].strip():
         raise ValueError("the question is empty or not text")
     answer, solution = _gold_from_field(record["answer"])
@@ -151,8 +145,6 @@ def extract_gsm8k_answer(text: str) -> str:
     """Canonical gold number from a GSM8K answer text (after the last ``####``); ``ValueError`` when there is no
     ``####`` or what follows is not one plain number (commas, a leading ``$``, ``3/4`` are fine; ``72 clips`` is not).
     """
-    if not isinstance(text, str):
-        raise ValueError(f"expected the answer as text, got {type(text).__name__}")
     if "####" not in text:
         raise ValueError("the answer has no '#### N' line with the final number")
     tail = text.rsplit("####", 1)[1].strip()
@@ -190,8 +182,6 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
         raise ValueError(f"the answer must be text or a number, got {type(value).__name__}")
     if "####" in value:
         return extract_gsm8k_answer(value), value
-    if not value.strip():
-        raise ValueError("the answer is empty")
     neither = f"the answer is neither a number nor a GSM8K text ending in '#### N': {value.strip()[:60]!r}"
     canonical = _plain_number(value, "the answer", neither)
     return canonical, f"#### {canonical}"
@@ -211,11 +201,11 @@ def _hub_records(split: str):
         raise GrpoKitError(f"Could not load {HUB_DATASET} (split {split!r}) from the Hub or its cache: {why[:200]}. "
                            "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
                            f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE).") from err
-    return ((f"row {index}", row) for index, row in enumerate(hub, start=1))
+    return hub
 
 
 def _file_records(path: Path):
-    """(label, records) of a local file, read by the ``datasets`` loader for its suffix after cheap path checks."""
+    """The records of a local file, read by the ``datasets`` loader for its suffix after cheap path checks."""
     import datasets
 
     accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
@@ -225,9 +215,8 @@ def _file_records(path: Path):
                            "fields" + (f", e.g. {path / found[0]} (this folder has {', '.join(found)})." if found
                                        else "; this folder holds none."))
     if not path.is_file():
-        raise GrpoKitError(f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), 'arithmetic', "
-                           f"'arithmetic-1step', 'arithmetic-2step' (synthetic) or a path to a {accepted} file with "
-                           "'question' and 'answer' fields.")
+        raise GrpoKitError(f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), "
+                           f"'arithmetic' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields.")
     if suffix not in LOCAL_FORMATS:
         raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
     loader, shape = LOCAL_FORMATS[suffix]
@@ -240,11 +229,8 @@ def _file_records(path: Path):
         cause = err.__cause__ or err  # DatasetGenerationError keeps the parser's own message in its cause
         first = str(cause).strip().partition("\n")[0][:200]
         raise GrpoKitError(f"{path}: could not read it ({type(cause).__name__}: {first}). It must be {shape}.") from err
-    if suffix == ".json" and table.column_names == ["data"] and isinstance(table[0]["data"], list):  # {"data": [...]}
-        return str(path), ((f"row {i}", row) for i, row in enumerate(chain.from_iterable(table["data"]), start=1))
     _need_columns(path, table.column_names)
-    rows = table.select_columns(["question", "answer"]).to_list()
-    return str(path), ((f"row {index}", row) for index, row in enumerate(rows, start=1))
+    return table.select_columns(["question", "answer"]).to_list()
 
 
 def _need_columns(name, found: list[str]) -> None:
@@ -258,88 +244,52 @@ def _need_columns(name, found: list[str]) -> None:
 
 _NAMES = ("Ava", "Ben", "Chloe", "Dev", "Eli", "Fatima", "Gus", "Hiro", "Ines", "Jamal", "Kira", "Luis", "Mei", "Nia")
 _ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "stamps", "beads", "books")
-#: One-step problems: kind -> (question, solution line, operation); ``{step}`` is the annotated calculation.
+#: One-step problems: operation -> (question, solution line); ``{step}`` is the annotated calculation.
 _ONE_STEP = {
-    "add": ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", "{name} has {step} {item}.", "+"),
-    "sub": ("{name} has {a} {item} and gives away {b}. How many {item} are left?", "{step} {item} are left.", "-"),
-    "mul": ("{name} has {a} bags with {b} {item} in each bag. How many {item} is that?", "{step} {item}.", "*"),
-    "div": ("{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
-            "Each friend gets {step} {item}.", "/"),
+    "+": ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", "{name} has {step} {item}."),
+    "-": ("{name} has {a} {item} and gives away {b}. How many {item} are left?", "{step} {item} are left."),
+    "*": ("{name} has {a} bags with {b} {item} in each bag. How many {item} is that?", "{step} {item}."),
+    "/": ("{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
+          "Each friend gets {step} {item}."),
 }
 
 
-def _calc(a: int, op: str, b: int) -> tuple[str, int]:
-    """``a op b = <<a op b=r>>r`` as GSM8K annotates a calculation, and its result r."""
-    result = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
-    return f"{a} {op} {b} = <<{a}{op}{b}={result}>>{result}", result
-
-
-def _one_step(rng: random.Random) -> tuple[str, list[str], int]:
+def _one_step(rng: random.Random) -> tuple[str, str, int]:
     name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
     a, b = rng.randint(2, 20), rng.randint(2, 12)
-    kind = rng.choice(("add", "sub", "mul", "div"))
-    a = {"sub": a + b, "div": a * b}.get(kind, a)  # whole, positive results
-    question, line, op = _ONE_STEP[kind]
-    step, result = _calc(a, op, b)
-    return question.format(name=name, a=a, b=b, item=item), [line.format(name=name, step=step, item=item)], result
+    op = rng.choice(tuple(_ONE_STEP))
+    a = {"-": a + b, "/": a * b}.get(op, a)  # whole, positive results
+    result = {"+": a + b, "-": a - b, "*": a * b, "/": a // b}[op]
+    step = f"{a} {op} {b} = <<{a}{op}{b}={result}>>{result}"  # as GSM8K annotates a calculation
+    question, line = _ONE_STEP[op]
+    return question.format(name=name, a=a, b=b, item=item), line.format(name=name, step=step, item=item), result
 
 
-def _two_step(rng: random.Random) -> tuple[str, list[str], int]:
-    name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
-    a, b, c = rng.randint(2, 9), rng.randint(2, 9), rng.randint(1, 15)
-    product, ab = _calc(a, "*", b)
-    if rng.random() < 0.5:
-        total, result = _calc(ab, "+", c)
-        return (f"{name} buys {a} boxes of {item} with {b} in each box, and already had {c}. How many {item} does "
-                f"{name} have now?", [f"The boxes hold {product} {item}.", f"{name} has {total} {item}."], result)
-    c = min(c, ab - 1)
-    rest, result = _calc(ab, "-", c)
-    return (f"{name} has {a} packs of {item} with {b} in each pack and gives away {c}. How many {item} are left?",
-            [f"{name} has {product} {item}.", f"{rest} {item} are left."], result)
-
-
-def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, steps: int | None = None, exclude=()):
-    """SYNTHETIC, NOT GSM8K: ``n`` distinct short word problems with small integers, in GSM8K format (a warm-up set
-    for small models), the same for a ``seed``; columns as ``load_gsm8k``.
-
-    ``steps``: ``None`` mixes one- and two-step problems, ``1`` or ``2`` keeps one kind (measured on the embedded
-    SmolLM2-135M, greedy: about a third of one-step problems right, two-step ones almost never). ``exclude``:
-    solutions whose calculations must not come back, so a held-out split never repeats a training calculation.
+def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, exclude=()):
+    """SYNTHETIC, NOT GSM8K: ``n`` distinct one-step word problems with small integers, in GSM8K format (a warm-up
+    set for small models: the embedded SmolLM2-135M, greedy, gets about a third right), the same for a ``seed``;
+    columns as ``load_gsm8k``. ``exclude``: solutions whose calculations must not come back, so a held-out split
+    never repeats a training calculation.
     """
-    if n < 1:
-        raise GrpoKitError(f"make_arithmetic_dataset needs n >= 1, got {n}.")
-    if steps not in (None, 1, 2):
-        raise GrpoKitError(f"steps must be one of [None, 1, 2] (None mixes one- and two-step problems), got {steps!r}.")
     banned = {arithmetic_key(item) for item in exclude}
     rng = random.Random(seed)
     rows: dict[str, dict] = {}
     for _ in range(n * 50):
         if len(rows) == n:
             break
-        one_step = rng.random() < 0.5 if steps is None else steps == 1
-        question, lines, result = (_one_step if one_step else _two_step)(rng)
-        solution = "\n".join([*lines, f"#### {result}"])
+        question, line, result = _one_step(rng)
+        solution = f"{line}\n#### {result}"
         if not (banned and arithmetic_key(solution) in banned):
             rows.setdefault(question, {"question": question, "answer": str(result), "solution": solution})
     if len(rows) < n:
         raise GrpoKitError(f"Could only generate {len(rows)} distinct arithmetic problems; ask for n <= {len(rows)}.")
-    label = f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}" + (f", {steps}-step" if steps else "")
+    label = f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}"
     return _to_dataset(list(rows.values()), label)
 
 
 def arithmetic_key(solution: str) -> str:
     """The calculations of a synthetic solution (its ``<<...>>`` annotations): equal keys = the same arithmetic."""
     return ";".join(re.findall(r"<<(.*?)>>", solution)) or solution
-
-
-def _arithmetic_records(split: str, steps: int | None):
-    """Train: 256 problems from seed 0. Test: problems from seed 1 whose calculations are not in train (so neither
-    are their questions): 64 for the mix, ``ARITHMETIC_KIND_TEST_SIZE`` for one kind (``steps``)."""
-    rows = make_arithmetic_dataset(ARITHMETIC_SIZES["train"], seed=0, steps=steps).to_list()
-    if split == "test":
-        size = ARITHMETIC_KIND_TEST_SIZE if steps else ARITHMETIC_SIZES["test"]
-        rows = make_arithmetic_dataset(size, seed=1, steps=steps, exclude=[row["solution"] for row in rows]).to_list()
-    return ((f"row {index}", {"question": r["question"], "answer": r["solution"]}) for index, r in enumerate(rows, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------- prompts

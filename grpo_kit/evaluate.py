@@ -23,18 +23,12 @@ from typing import Any
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.runs import atomic_write_text
 
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
 #: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
 PINNED_GENERATION = {"num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
                      "no_repeat_ngram_size": 0}
-
-
-def _write_json(path: str | os.PathLike, data: dict) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    return path
 
 
 @dataclass(frozen=True)
@@ -56,9 +50,9 @@ class EvalResult:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Metrics + protocol to ``path``, the rows to ``path`` with suffix ``.jsonl``."""
-        path = _write_json(path, self.to_dict())
-        path.with_suffix(".jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in self.rows), encoding="utf-8")
-        return path
+        rows = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows)
+        atomic_write_text(Path(path).with_suffix(".jsonl"), rows)
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def summary(self) -> str:
         return (f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
@@ -67,14 +61,13 @@ class EvalResult:
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
     """One completion under both protocols; strict and format are the training rewards' own verdicts."""
-    from grpo_kit.rewards import score_completions
+    from grpo_kit.rewards import REWARDS
 
-    scores = score_completions([completion], gold, ["correctness", "format"], prefill)[0]
     text = prefill + completion
     lenient = extract_last_number(text)
     return {"extracted_strict": extract_tagged_answer(text), "extracted_lenient": lenient,
-            "correct_strict": scores["correctness"] > 0, "correct_lenient": answers_match(lenient, gold),
-            "in_format": scores["format"] > 0}
+            "correct_strict": REWARDS["correctness"]([text], answer=gold)[0] > 0,
+            "correct_lenient": answers_match(lenient, gold), "in_format": REWARDS["format"]([text])[0] > 0}
 
 
 def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "",
@@ -186,7 +179,7 @@ def evaluate(model, tokenizer, dataset, *, max_new_tokens: int = 256, batch_size
             for question, gold, [(completion, n_tokens)] in zip(questions, golds, greedy, strict=True)]
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     protocol = (
-        f"{getattr(getattr(dataset, 'info', None), 'description', '') or 'GSM8K-format questions'}, n={len(rows)} "
+        f"{dataset.info.description or 'GSM8K-format questions'}, n={len(rows)} "
         f"(seed {seed}); chat prompt: {'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
         f"few_shot={few_shot}, prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; strict = number "
         "inside the last <answer></answer>, lenient = last number in the text, both normalized and compared exactly "
@@ -297,10 +290,7 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
 # the GSM8K train split for its examples), as exact_match under strict-match and flexible-extract (last number). lm-eval
 # is an optional extra. The task's Hub dataset is replaced by a JSON file of the chosen questions, so it runs offline.
 
-#: lm-eval task name -> how its prompt is built and what its strict filter reads.
-HARNESS_TASKS = {
-    "gsm8k_cot": ("8 fixed chain-of-thought examples, 'Q: ... A:' prompts, no chat template", "'The answer is N'"),
-}
+HARNESS_TASK = "gsm8k_cot"  # the one lm-eval task the kit runs
 LM_EVAL_VERSION = "0.4.13"  # the release the task overrides were written against (the `harness` extra)
 
 
@@ -320,32 +310,30 @@ class HarnessResult:
                 f"flexible-extract {100 * self.flexible_extract:.1f} % | n={self.n}")
 
     def save(self, path: str | os.PathLike) -> Path:
-        return _write_json(path, asdict(self))
+        return atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
 
 
-def task_config(task: str, task_manager, test_file: Path) -> dict[str, Any]:
-    """lm-eval's registered config of ``task`` with its dataset replaced by a local JSON file (no Hub access)."""
+def task_config(task_manager, test_file: Path) -> dict[str, Any]:
+    """lm-eval's registered config of ``HARNESS_TASK``, its dataset replaced by a local JSON file (no Hub access)."""
     from lm_eval.tasks._yaml_loader import load_yaml
 
-    entry = task_manager.task_index.get(task)
+    entry = task_manager.task_index.get(HARNESS_TASK)
     if entry is None or entry.yaml_path is None:
-        raise GrpoKitError(f"The installed lm-eval has no task {task!r}; install lm-eval=={LM_EVAL_VERSION}.")
+        raise GrpoKitError(f"The installed lm-eval has no task {HARNESS_TASK!r}; install lm-eval=={LM_EVAL_VERSION}.")
     config = load_yaml(entry.yaml_path, resolve_func=True)
     data_files = {config["test_split"]: str(test_file)}
     return {**config, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": data_files}}
 
 
-def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: str | os.PathLike | None = None,
-                     max_new_tokens: int = 256, batch_size: int = 8, label: str = "") -> HarnessResult:
-    """lm-eval's ``task`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
+def evaluate_harness(model: str, dataset, *, adapter: str | os.PathLike | None = None, max_new_tokens: int = 256,
+                     batch_size: int = 8, label: str = "") -> HarnessResult:
+    """lm-eval's ``HARNESS_TASK`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
     itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
     import torch
 
     from grpo_kit.callbacks import check_adapter
     from grpo_kit.models import half_dtype_name, resolve_model_id
 
-    if task not in HARNESS_TASKS:  # before anything loads
-        raise GrpoKitError(f"Unknown harness task {task!r}. Choose one of: {', '.join(HARNESS_TASKS)}.")
     try:
         import lm_eval
         from lm_eval.models.huggingface import HFLM
@@ -366,14 +354,15 @@ def evaluate_harness(model: str, dataset, *, task: str = "gsm8k_cot", adapter: s
         test_file = Path(folder) / "test.jsonl"
         test_file.write_text("".join(json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
                                      for q, a in zip(dataset["question"], dataset["answer"], strict=True)), encoding="utf-8")
-        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(task, manager, test_file)],
+        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(manager, test_file)],
                                           task_manager=manager, gen_kwargs={"max_gen_toks": max_new_tokens},
                                           log_samples=False, bootstrap_iters=0)
-    row, (prompt, strict) = results["results"][task], HARNESS_TASKS[task]
-    protocol = (f"lm-evaluation-harness {lm_eval.__version__} task {task} ({prompt}), n={len(dataset)}, greedy, "
-                f"max_gen_toks={max_new_tokens}; strict-match = {strict}, flexible-extract = last number-like string; exact_match")
-    return HarnessResult(task, float(row["exact_match,strict-match"]), float(row["exact_match,flexible-extract"]),
-                         len(dataset), protocol, label)
+    row = results["results"][HARNESS_TASK]
+    protocol = (f"lm-evaluation-harness {lm_eval.__version__} task {HARNESS_TASK} (8 fixed chain-of-thought examples, "
+                f"'Q: ... A:' prompts, no chat template), n={len(dataset)}, greedy, max_gen_toks={max_new_tokens}; "
+                "strict-match = 'The answer is N', flexible-extract = last number-like string; exact_match")
+    return HarnessResult(HARNESS_TASK, float(row["exact_match,strict-match"]),
+                         float(row["exact_match,flexible-extract"]), len(dataset), protocol, label)
 
 
 # ------------------------------------------------------------------------------------------------ chat and the CLI
@@ -442,13 +431,15 @@ def cli_eval(args) -> int:
                            f"{args.max_new_tokens}).")
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
+    if args.harness and args.harness != HARNESS_TASK:  # before anything loads
+        raise GrpoKitError(f"Unknown harness task {args.harness!r}. Choose one of: {HARNESS_TASK}.")
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = run_settings(args.model, args.adapter)
     runs = {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
     started = time.time()
     if args.harness:
-        results = {name: evaluate_harness(base, dataset, task=args.harness, adapter=adapter, label=name,
+        results = {name: evaluate_harness(base, dataset, adapter=adapter, label=name,
                                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size) for name, adapter in runs.items()}
         print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
     else:

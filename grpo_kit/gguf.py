@@ -13,7 +13,6 @@ import collections
 import functools
 import importlib.util
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -27,13 +26,11 @@ from huggingface_hub import snapshot_download
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.models import half_dtype_name
 
-#: The weight check's limit per storage type: ``max |d| <= rtol * max |expected|`` per tensor. float32 is the adapter
-#: copied as it is; bf16 rounds by 2^-8 of a value, fp16 2^-11, q8_0 by 1/254 of its block's max
-#: (benchmarks/export_weight_errors.py prints the worst errors). The k-quants were NOT measured: their limits follow
-#: from their 4-/5-bit grids; loose, yet a broken file (wrong tensor order, a missing LoRA) errs at the scale of the
-#: values themselves.
-WEIGHT_RTOL = {"float32": 0.0, "bfloat16": 2**-7, "float16": 2**-9, "f16": 2**-7, "q8_0": 0.02, "q5_k_m": 0.08,
-               "q4_k_m": 0.15}
+#: The weight check's limit per storage type: ``max |d| <= rtol * max |expected|`` per tensor. bf16 rounds by 2^-8 of a
+#: value, fp16 2^-11, q8_0 by 1/254 of its block's max (benchmarks/export_weight_errors.py prints the worst errors). The
+#: k-quants were NOT measured: their limits follow from their 4-/5-bit grids; loose, yet a broken file (wrong tensor
+#: order, a missing LoRA) errs at the scale of the values themselves.
+WEIGHT_RTOL = {"bfloat16": 2**-7, "float16": 2**-9, "f16": 2**-7, "q8_0": 0.02, "q5_k_m": 0.08, "q4_k_m": 0.15}
 GGUF_TYPES = ("q4_k_m", "q5_k_m", "q8_0", "f16")
 #: Bytes per weight of each GGUF type, for the disk-space check (llama.cpp's bits per weight: f16 16, q8_0 8.5, q5_k_m
 #: about 5.7, q4_k_m about 4.9).
@@ -41,7 +38,6 @@ GGUF_BYTES = {"f16": 2.0, "q8_0": 1.0625, "q5_k_m": 0.71, "q4_k_m": 0.61}
 NO_FILES_HELP = ("Unsloth converts with llama.cpp, which it builds on first use (git, cmake, a C++ compiler, internet "
                  "access). Read the output above, fix the build (e.g. `apt-get install cmake build-essential`) and "
                  "export again, or export --format merged16 and convert it with llama.cpp's convert_hf_to_gguf.py.")
-RESULT_PREFIX = "grpo-kit-result: "
 
 
 def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
@@ -110,10 +106,7 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
     which must be the one the checks compare with. The child's output goes to ``say`` line by line (a conversion
     takes minutes); its last 40 lines go into the error when it fails.
     """
-    adapter = scratch / "adapter"
-    adapter.mkdir(parents=True)
-    for item in (item for item in adapter_dir.iterdir() if item.is_file()):
-        shutil.copy2(item, adapter / item.name)
+    adapter = shutil.copytree(adapter_dir, scratch / "adapter")
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base_path}))
     spec = {"adapter": str(adapter), "out": str(scratch / f"unsloth-{scratch.name}"),  # unique: Unsloth may move it
@@ -124,21 +117,20 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
         try:
             for line in (raw.rstrip("\n") for raw in child.stdout):
                 tail.append(line)
-                if not line.startswith(RESULT_PREFIX):
-                    say(line)
+                say(line)
         except BaseException:  # an interrupt (Ctrl-C, a notebook's stop button) must not leave the writer running
             child.kill()
             raise
-    result = next((json.loads(line[len(RESULT_PREFIX):]) for line in tail if line.startswith(RESULT_PREFIX)), None)
-    if child.returncode != 0 or result is None:
+    report = Path(spec["out"] + ".json")  # the child's answer, written last: a file, not a line lost among its output
+    if child.returncode != 0 or not report.is_file():
         raise GrpoKitError(f"Unsloth's writer failed (exit code {child.returncode}). Its last output:\n"
                            + "\n".join(tail) + f"\n{NO_FILES_HELP}")
+    result = json.loads(report.read_text(encoding="utf-8"))
     found = {"merged16": Path(result["merged16"])} if merged16 else {}
-    (scratch / "kept").mkdir()
     for path in (path for path in map(Path, result["gguf_files"]) if path.is_file()):
         field = gguf.GGUFReader(str(path)).fields["general.file_type"]  # Unsloth names its files its own way
         kind = gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
-        found.setdefault(kind, Path(shutil.move(path, scratch / "kept" / path.name)))
+        found.setdefault(kind, Path(shutil.move(path, scratch / path.name)))  # out of the folders removed next
     for folder in result["folders"]:  # the merged checkpoint and llama.cpp's leftovers (GBs), wherever they went
         if scratch.name in Path(folder).name:
             shutil.rmtree(folder, ignore_errors=True)
@@ -148,8 +140,9 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
     return found
 
 
-def _child(spec: dict) -> dict:
-    """In the child: load the adapter with Unsloth in the GPU's 16-bit dtype (4 bit when asked) and run the savers."""
+def _child(spec: dict) -> None:
+    """In the child: Unsloth loads the adapter in the GPU's 16-bit dtype (4 bit when asked; fp16 on a T4, whose bf16
+    is emulated) and runs the savers; what they wrote goes to ``<out>.json``."""
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
     from unsloth import FastLanguageModel
 
@@ -160,10 +153,10 @@ def _child(spec: dict) -> dict:
         model.save_pretrained_merged(report["merged16"], tokenizer, save_method="merged_16bit")
     if spec["types"]:
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
-        report["gguf_files"] = [os.fspath(p) for p in result.get("gguf_files") or []]
+        report["gguf_files"] = [str(p) for p in result.get("gguf_files") or []]
         report["folders"] = [str(p) for p in (result.get("save_directory"), result.get("gguf_directory")) if p]
-    return report
+    Path(spec["out"] + ".json").write_text(json.dumps(report), encoding="utf-8")
 
 
 if __name__ == "__main__":
-    print(RESULT_PREFIX + json.dumps(_child(json.loads(sys.argv[1]))), flush=True)
+    _child(json.loads(sys.argv[1]))

@@ -9,9 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,13 +55,12 @@ def in_colab() -> bool:
     return "google.colab" in sys.modules  # importable only inside Colab
 
 
-def set_torch_threads() -> int:
+def set_torch_threads() -> None:
     """Pin torch's intra-op threads to ``$GRPO_KIT_THREADS`` (CI) when it is set; else torch's default."""
     import torch
 
     if threads := int(os.environ.get("GRPO_KIT_THREADS") or 0):
         torch.set_num_threads(threads)
-    return torch.get_num_threads()
 
 
 # --------------------------------------------------------------------------------------------- which loader
@@ -106,7 +103,7 @@ def _first_line(error: BaseException) -> str:
 def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
     shows (``FastLanguageModel`` below), in the precision the run trains in (``bf16``/``fp16``, else float32) unless
-    the recipe sets ``dtype``. Where vLLM is missing or its engine fails, ``without_failed_vllm`` turns it off."""
+    the recipe sets ``dtype``. Where vLLM cannot be imported, ``without_failed_vllm`` turns it off."""
     g, m = recipe.grpo, recipe.model
     if g.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
         prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
@@ -136,7 +133,7 @@ def _vllm_import_error() -> str | None:
 
 def without_failed_vllm(recipe, model):
     """The recipe the trainer gets for ``model``: ``use_vllm`` off when ``load_model`` had to load it without vLLM
-    (else TRL would start an engine of its own, or Unsloth's trainer look for the one that failed)."""
+    (else TRL would start an engine of its own, or Unsloth's trainer look for the one that is missing)."""
     if recipe.vllm_colocated and getattr(model, "vllm_engine", "none needed") is None:
         return recipe.replace(use_vllm=False)
     return recipe
@@ -161,17 +158,15 @@ class FastLanguageModel:
     """Unsloth's ``FastLanguageModel`` on every machine: notebook 00 and ``load_model`` make these two calls.
 
     On the Unsloth backend (a GPU) they are Unsloth's own, plus what keeps a Colab run going: when vLLM cannot be
-    imported (Colab's CUDA 12 torch: the installer skips it) or its engine fails to start, the model loads without it,
-    with one "vLLM off:" line and ``model.vllm_engine = None`` (``without_failed_vllm`` then gives the trainer
-    ``use_vllm=False``; a resumed run goes on from its checkpoint the same). Elsewhere (a CPU,
-    ``backend="transformers"``) the same arguments load with transformers + PEFT.
+    imported (Colab's CUDA 12 torch: the installer skips it), the model loads without it, with one "vLLM off:" line
+    and ``model.vllm_engine = None`` (``without_failed_vllm`` then gives the trainer ``use_vllm=False``; a resumed run
+    goes on from its checkpoint the same). An engine that fails to start is an error naming the fixes, not a silent
+    slower run. Elsewhere (a CPU, ``backend="transformers"``) the same arguments load with transformers + PEFT.
     """
 
     @staticmethod
     def from_pretrained(model_name, *, max_seq_length=1024, dtype=None, load_in_4bit=False, fast_inference=False,
                         max_lora_rank=16, gpu_memory_utilization=0.5, backend="auto"):
-        import gc
-
         import torch
 
         backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
@@ -190,17 +185,13 @@ class FastLanguageModel:
             try:
                 model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference and not vllm_off)
             # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
-            # missing CUDA library); a TypeError or AttributeError is a bug, and is not retried.
+            # missing CUDA library); a TypeError or AttributeError is a bug, and passes through as it is.
             except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
                 if not fast_inference or vllm_off:
                     raise
-                print(f"vLLM off: its engine did not start ({_first_line(error)}). Generation uses Unsloth's generate "
-                      "(slower). To use vLLM: restart the runtime to free GPU memory, or lower --set "
-                      "vllm_gpu_memory_utilization.", flush=True)
-                gc.collect()  # what the failed engine start left allocated: the second load gets the card to itself
-                torch.cuda.empty_cache()
-                model, tokenizer = _unsloth_load(**kwargs, fast_inference=False)
-                vllm_off = True
+                raise GrpoKitError(f"vLLM's engine did not start ({_first_line(error)}). Restart the runtime to free "
+                                   "GPU memory, lower --set vllm_gpu_memory_utilization, or train without vLLM "
+                                   "(slower): --set use_vllm=false.") from error
         if vllm_off:
             model.vllm_engine = None  # without_failed_vllm reads this
         return model, tokenizer
@@ -238,10 +229,7 @@ def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
     kwargs: dict = {"dtype": dtype}
-    if load_in_4bit:
-        if importlib.util.find_spec("bitsandbytes") is None:
-            raise GrpoKitError("4-bit weights (load_in_4bit) need bitsandbytes: pip install bitsandbytes==0.50.2 (or "
-                               "set load_in_4bit: false).")
+    if load_in_4bit:  # without bitsandbytes transformers refuses it, naming the install command
         kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                                                            bnb_4bit_compute_dtype=dtype)
     if torch.cuda.is_available():
@@ -331,16 +319,14 @@ def _from_pretrained(cls, model_id: str, **kwargs):
     try:
         return cls.from_pretrained(model_id, **kwargs)
     except (OSError, ValueError) as error:
-        first = (str(error).splitlines() or [type(error).__name__])[0].rstrip(".")
-        if Path(model_id).exists() or model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # not "org/name"
-            exists = Path(model_id).exists()
-            head = f"'{model_id}' is not a complete model" if exists else f"No model folder at '{model_id}'"
-            raise GrpoKitError(f"{head} ({first}). A model folder holds config.json, *.safetensors and the "
-                               "tokenizer files, as save_pretrained writes them (a merged16 export is one); or pass a "
-                               "Hub id such as Qwen/Qwen2.5-1.5B-Instruct, or --model embedded.") from None
-        raise GrpoKitError(f"Could not load model '{model_id}': {first}. Check the id (e.g. Qwen/Qwen2.5-1.5B-"
-                           "Instruct) and your network/HF_TOKEN, or pass a local folder. Offline: --model embedded."
-                           ) from None
+        head = f"Could not load model '{model_id}'"
+        if Path(model_id).exists():
+            head = f"'{model_id}' is not a complete model"
+        elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not "org/name"
+            head = f"No model folder at '{model_id}'"
+        raise GrpoKitError(f"{head} ({_first_line(error)}). Pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct (check "
+                           "it, your network and HF_TOKEN), a folder save_pretrained wrote (config.json, weights, "
+                           "tokenizer files; a merged16 export is one), or offline: --model embedded.") from None
 
 
 # --------------------------------------------------------------------------------------------- the embedded CPU model
@@ -369,9 +355,13 @@ def embedded_model_path(quantized: bool = False) -> Path:
     """The embedded model as a HF folder under ``$GRPO_KIT_CACHE`` (else ``~/.cache/grpo-kit``), converted on first use
     (about a minute on 2 cores); ``quantized``: its NF4 copy (``EMBEDDED_4BIT_ID``), made from that folder.
 
-    The conversion writes a temporary folder and renames it into place: two processes can race (one rename wins) and
-    an interrupted conversion never leaves a folder that looks finished.
+    One process converts while the others wait for it (a lock file beside the folder); the conversion is written into
+    a staging folder renamed into place, so an interrupted one never leaves a folder that looks finished.
     """
+    from filelock import FileLock
+
+    from grpo_kit.runs import staged_dir
+
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     cache = Path(os.environ.get("GRPO_KIT_CACHE") or Path(xdg) / "grpo-kit")
     target = cache.expanduser().absolute() / "models" / (EMBEDDED_NAME + ("-bnb-4bit" if quantized else ""))
@@ -379,19 +369,11 @@ def embedded_model_path(quantized: bool = False) -> Path:
         return target
     source = embedded_model_path() if quantized else embedded_gguf_path()  # before any folder is made
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
-    try:
-        (_quantize_embedded if quantized else _convert_embedded)(source, staging)
-        (staging / _COMPLETE_MARKER).write_text(f"converted from {source.name}\n")
-        if target.exists() and not (target / _COMPLETE_MARKER).is_file():  # an interrupted older layout: untrusted
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.rename(staging, target)
-        except OSError:  # another process won the race; its folder is complete (it has the marker), ours goes
-            if not (target / _COMPLETE_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with FileLock(target.with_name(f".{target.name}.lock")):
+        if not (target / _COMPLETE_MARKER).is_file():  # not converted by another process while this one waited
+            with staged_dir(target) as staging:  # an older folder without the marker is replaced
+                (_quantize_embedded if quantized else _convert_embedded)(source, staging)
+                (staging / _COMPLETE_MARKER).write_text(f"converted from {source.name}\n")
     return target
 
 

@@ -196,13 +196,11 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
     )
 
 
-def check_device(recipe, device=None) -> None:
-    """Refuse what ``device`` (``models.DeviceInfo``; detected when None) cannot run: GPU-only settings without a GPU,
+def check_device(recipe, device) -> None:
+    """Refuse what ``device`` (``models.detect_device()``) cannot run: GPU-only settings without a GPU,
     bf16 on a GPU without it (compute capability below 8.0, e.g. a T4). Warn, naming the fixes, when the planner
     expects the recipe not to fit the card."""
-    from grpo_kit.models import detect_device
-
-    device, g = device or detect_device(), recipe.grpo
+    g = recipe.grpo
     if device.kind != "cuda":
         # 4-bit weights are not among them: bitsandbytes (0.50.2) has CPU kernels for NF4 (the cpu-4bit recipe)
         gpu_only = [what for what, on in (("vLLM", g.use_vllm), ("bf16", g.bf16), ("fp16", g.fp16)) if on]
@@ -226,12 +224,11 @@ def check_device(recipe, device=None) -> None:
                         "one generation batch needs after the weights.")
     if not problems:
         return
-    fixes = ["a smaller preset (`grpo-kit presets` lists them; --preset auto picks by memory)",
-             f"shorter completions (--set max_completion_length={max(64, g.max_completion_length // 2)})",
-             "fewer generations (--set num_generations=N with a generation batch that is a multiple of N)"]
+    fixes = ["a smaller preset (--preset auto picks by memory)",
+             f"shorter completions (--set max_completion_length={max(64, g.max_completion_length // 2)})"]
     if recipe.vllm_colocated:
-        fixes.append(f"a different vLLM share (vllm_gpu_memory_utilization, now {g.vllm_gpu_memory_utilization}): "
-                     "lower frees memory for training, higher gives vLLM room for its KV cache")
+        fixes.append(f"another vllm_gpu_memory_utilization (now {g.vllm_gpu_memory_utilization}): lower leaves "
+                     "training more memory, higher gives vLLM's KV cache more")
     if not recipe.model.load_in_4bit:
         fixes.append("4-bit weights (--set load_in_4bit=true with an unsloth/...-bnb-4bit model)")
     warnings.warn(f"VRAM planner: {' '.join(problems)} Try: {'; '.join(fixes)}. See docs/VRAM.md.", stacklevel=2)
@@ -264,44 +261,19 @@ def auto_recipe(device=None) -> tuple[str, str]:
                          f"planner: ~{estimate.total_gib:.1f} GiB)")
 
 
-#: Seconds a T4 takes per completion token of a GRPO step (vLLM sampling + 4-bit LoRA training of Llama-3.1-8B):
-#: two recorded T4 runs of Unsloth's 8B GRPO notebook took ~47 and ~55 s a step for G=6 completions of up to 200
-#: tokens (README, "How long the free T4 takes"). Not measured by this kit: no T4 run of it exists yet.
-T4_SECONDS_PER_TOKEN = (47 / (6 * 200), 55 / (6 * 200))
-T4_EVAL_TOKENS_PER_SECOND = 300  # Unsloth's figure for vLLM generation on a T4 (8B)
-
-
-def t4_minutes(recipe, eval_questions: int) -> tuple[float, float]:
-    """(low, high) minutes a T4 takes for ``recipe``'s training plus a before/after evaluation of ``eval_questions``.
-
-    Every completion is counted at its full budget (``max_completion_length``), as a run's first steps use it; the
-    anchors are scaled by the model's parameter count. Loading the model and exporting it come on top.
-    """
-    shape = shape_for(recipe.model.model_name_or_path) or LLAMA_31_8B
-    g, scale = recipe.grpo, shape.params / LLAMA_31_8B.params
-    train_tokens = g.max_steps * g.generation_batch_size * g.max_completion_length
-    eval_seconds = 2 * eval_questions * g.max_completion_length / T4_EVAL_TOKENS_PER_SECOND
-    return tuple(scale * (train_tokens * per_token + eval_seconds) / 60 for per_token in T4_SECONDS_PER_TOKEN)
-
-
 # --------------------------------------------------------------------------------------------- grpo-kit presets
-
-
-def _estimate_or_none(recipe) -> float | None:
-    shape = shape_for(recipe.model.model_name_or_path)
-    return None if shape is None else estimate_vram(recipe, shape).total_gib
 
 
 def presets_table(recipes) -> str:
     rows = [("preset", "GiB", "model", "4bit", "prec", "G", "batch×accum", "q/step", "compl", "LoRA r", "vLLM", "plan")]
     for r in recipes:
-        g, estimate = r.grpo, _estimate_or_none(r)
+        g, shape = r.grpo, shape_for(r.model.model_name_or_path)  # None: unknown offline, planned as "?"
         rows.append((r.name, f"{r.kit.vram_gb:g}" if r.kit.vram_gb else "cpu", r.model.model_name_or_path.split("/")[-1],
                      "yes" if r.model.load_in_4bit else "no", "bf16" if g.bf16 else "fp16" if g.fp16 else "fp32",
                      str(g.num_generations), f"{g.per_device_train_batch_size}×{g.gradient_accumulation_steps}",
                      str(r.prompts_per_step), str(g.max_completion_length), str(r.model.lora_r),
                      f"{g.vllm_gpu_memory_utilization:g}" if g.use_vllm else "-",
-                     "?" if estimate is None else f"{estimate:.1f}"))
+                     "?" if shape is None else f"{estimate_vram(r, shape).total_gib:.1f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 

@@ -161,7 +161,7 @@ RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS),
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rewards by name (a recipe's reward_funcs; TRL's reward_weights weigh them), scoring outside training, the table
+# Rewards by name (a recipe's reward_funcs; TRL's reward_weights weigh them)
 
 
 def reward_functions(names: Sequence[str]) -> list[Callable[..., list[float]]]:
@@ -181,10 +181,7 @@ def reward_functions(names: Sequence[str]) -> list[Callable[..., list[float]]]:
 def _reward_function(name: str) -> Callable[..., list[float]]:
     if name in REWARDS:
         return REWARDS[name]
-    module, _, function = name.partition(":")
-    if not function:
-        raise GrpoKitError(f"Unknown reward {name!r}. Choose from: {', '.join(REWARDS)}, or name "
-                           "your own function as package.module:function (e.g. my_rewards:brevity).")
+    module, _, function = name.partition(":")  # config._check refused unknown bare names (no ":")
     if os.getcwd() not in sys.path:  # a console script's sys.path lacks the folder the user runs it from
         sys.path.append(os.getcwd())
     try:
@@ -200,17 +197,3 @@ def _reward_function(name: str) -> Callable[..., list[float]]:
                            "**kwargs) -> list of floats); builtins and classes cannot be rewards.")
     return fn
 
-
-def score_completions(completions: Sequence[Any], answers: Sequence[str] | str | None,
-                      names: Sequence[str] | str | None = None, prefill: Sequence[str] | str = "") -> list[dict[str, float]]:
-    """Per-completion scores under each reward in ``names`` (default: every built-in), plus their unweighted ``total``;
-    ``answers`` is one gold answer per completion or one for all, ``prefill`` likewise.
-    """
-    chosen = list(RANGES) if names is None else list(names)
-    funcs = reward_functions(chosen)
-    count = len(completions)
-    gold = [column(answers, i) for i in range(count)]
-    heads = [column(prefill, i) for i in range(count)]
-    scores = [fn(completions, answer=gold, prefill=heads) for fn in funcs]
-    rows = [{name: values[i] for name, values in zip(chosen, scores, strict=True)} for i in range(count)]
-    return [{**row, "total": round(sum(row.values()), 6)} for row in rows]

@@ -10,7 +10,6 @@ folder is atomic), so a crash leaves the old target whole and at most a staging 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import os
 import re
@@ -21,15 +20,14 @@ import warnings
 from pathlib import Path
 
 import psutil  # accelerate's dependency
+from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
 from grpo_kit.errors import GrpoKitError
 
-#: The adapter weights file PEFT writes (checkpoints and the final adapter).
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
 #: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
 #: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
 MAX_ADAPTER_WEIGHT = 1e3
-#: Lock file in a run folder: holds the PID of the process training in it.
+#: Lock file in a run folder (an OS lock): holds the PID of the process training in it.
 LOCK_NAME = ".grpo-kit.lock"
 
 
@@ -37,8 +35,9 @@ LOCK_NAME = ".grpo-kit.lock"
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` through a sibling temporary file, so a reader never sees half of it."""
+    """Write ``text`` to ``path`` (its folder made) through a sibling temporary file, so a reader never sees half of it."""
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
@@ -85,20 +84,17 @@ def staged_dir(final: str | os.PathLike, *, name: str | None = None):
         raise
 
 
-def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> list[Path]:
+def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> None:
     """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
     leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
-    removed = []
-    for folder in sorted(Path(out_dir).glob(f".{name}.partial-*")):
+    for folder in Path(out_dir).glob(f".{name}.partial-*"):
         pid = folder.name[len(f".{name}.partial-"):].split("-", 1)[0]
         if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-            removed.append(folder)
-    return removed
 
 
 def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
-    """Rename ``folder`` to ``<prefix><name>.old-<time>`` (never deletes anything); the new path, or None if absent.
+    """Rename ``folder`` to ``<prefix><name>.old-<time>-*`` (never deletes anything); the new path, or None if absent.
 
     A checkpoint is set aside with ``prefix="damaged-"``: a name that no longer starts with ``checkpoint-`` is one
     the Trainer neither resumes from nor deletes when it rotates checkpoints.
@@ -106,11 +102,9 @@ def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
     folder = Path(folder)
     if not folder.exists():
         return None
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = folder.with_name(f"{prefix}{folder.name}.old-{stamp}"), 1
-    while target.exists():
-        target, n = folder.with_name(f"{prefix}{folder.name}.old-{stamp}-{n}"), n + 1
-    os.rename(folder, target)
+    target = Path(tempfile.mkdtemp(prefix=f"{prefix}{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-",
+                                   dir=folder.parent))
+    os.rename(folder, target)  # onto the empty folder mkdtemp made for it: a name nothing else has
     return target
 
 
@@ -155,14 +149,12 @@ def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
     import torch
     from safetensors.torch import load_file
 
-    path = Path(adapter_dir) / ADAPTER_WEIGHTS
+    path = Path(adapter_dir) / "adapter_model.safetensors"  # what PEFT writes, in checkpoints and the final adapter
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         return "no adapter_config.json"
-    if not path.is_file():
-        return f"{path} is missing"
     try:
         tensors = load_file(str(path))
-    except Exception as error:  # SafetensorError, OSError: a torn or foreign file
+    except Exception as error:  # SafetensorError, OSError: a missing, torn or foreign file
         return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
     bad = sorted(name for name, tensor in tensors.items()
                  if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()))
@@ -200,63 +192,36 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 # --------------------------------------------------------------------------------------------- the run folder
 
-#: Run folders whose lock this process took; released when ``train`` returns or raises (``releases_run_locks``).
-_HELD_LOCKS: list[Path] = []
-
-
-def _lock_holder(lock: Path) -> int | None:
-    with contextlib.suppress(OSError):
-        text = lock.read_text(encoding="utf-8").strip()
-        return int(text) if text.isdigit() else None
-    return None
+#: The run-folder locks this process holds; released when ``train`` returns or raises (``releases_run_locks``).
+_HELD_LOCKS: dict[Path, FileLock] = {}
 
 
 def acquire_run_lock(run_dir: Path) -> None:
     """Take the run folder's lock, or refuse naming the PID that holds it: two processes training into one folder
-    would interleave their checkpoints and metrics. A dead process's lock is taken over; this process's own is kept
-    (a notebook running its cell again)."""
-    import atexit
-
-    lock = run_dir / LOCK_NAME
+    would interleave their checkpoints and metrics. An OS lock (flock): the OS drops a killed process's lock, and
+    this process's own is taken again."""
+    if held := _HELD_LOCKS.pop(run_dir.resolve(), None):  # this process's own (a notebook running its cell again)
+        held.release()
+    check_writable(run_dir, what="the run", option="--output")  # a file in its place, no permission
+    lock = FileLock(run_dir / LOCK_NAME, blocking=False)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):  # a race lost to another process taking over a stale lock is retried
-            with contextlib.suppress(FileExistsError), os.fdopen(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY),
-                                                                 "w", encoding="utf-8") as handle:
-                handle.write(str(os.getpid()))
-                atexit.register(release_run_lock, run_dir)  # at the latest when this process exits
-                return
-            holder = _lock_holder(lock)
-            if holder == os.getpid():
-                return
-            if holder is not None and psutil.pid_exists(holder):
-                raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait "
-                                   f"for it to end, stop it (kill {holder}), or choose another --output.")
-            lock.unlink(missing_ok=True)  # stale: its process is gone
-    except OSError as error:  # a file where the folder should be, no write permission, a read-only disk
-        raise GrpoKitError(f"{run_dir} cannot be used as a run folder: {error.strerror or error} "
-                           f"({error.filename or run_dir}). Choose another --output, a folder you can write to.") from None
-    raise GrpoKitError(f"Could not take the lock {lock}: other processes keep replacing it. Choose another --output.")
+        lock.acquire()
+    except Timeout:
+        holder = (run_dir / LOCK_NAME).read_text(encoding="utf-8").strip() or "?"  # written once it locked
+        raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it "
+                           f"to end, stop it (kill {holder}), or choose another --output.") from None
+    (run_dir / LOCK_NAME).write_text(str(os.getpid()), encoding="utf-8")
+    _HELD_LOCKS[run_dir.resolve()] = lock
 
 
-def release_run_lock(run_dir: Path) -> None:
-    """Remove the run folder's lock if this process holds it (never another process's lock)."""
-    if _lock_holder(run_dir / LOCK_NAME) == os.getpid():
-        (run_dir / LOCK_NAME).unlink(missing_ok=True)
-
-
-def releases_run_locks(function):
-    """Decorator: release the run-folder locks ``function`` took (``prepare_run_dir``), however it ends."""
-
-    @functools.wraps(function)
-    def wrapper(*args, **kwargs):
-        try:
-            return function(*args, **kwargs)
-        finally:
-            while _HELD_LOCKS:
-                release_run_lock(_HELD_LOCKS.pop())
-
-    return wrapper
+@contextlib.contextmanager
+def releases_run_locks():
+    """Release the run-folder locks taken inside (``prepare_run_dir``), however it ends; also a decorator."""
+    try:
+        yield
+    finally:
+        while _HELD_LOCKS:
+            _HELD_LOCKS.popitem()[1].release()
 
 
 def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Path | None:
@@ -267,18 +232,15 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     one, or every one is damaged) ``resume`` starts again from step 0 in the same folder, what the earlier attempt
     left set aside in ``attempt.old-<time>-*/`` and named in a warning. Only the main process locks and moves files.
     """
-    run_dir = Path(run_dir)
     if resume and not run_dir.is_dir():
         raise GrpoKitError(f"--resume: there is no run folder {run_dir}. Check --output, or drop --resume to start a "
                            "new run.")
     if is_main:
         acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
-        _HELD_LOCKS.append(run_dir)
     if not resume:
         if any(item.name != LOCK_NAME for item in run_dir.iterdir()) if run_dir.exists() else False:
             raise GrpoKitError(f"Run folder {run_dir} already has files. Use --resume to continue it, or choose "
                                "another --output.")
-        run_dir.mkdir(parents=True, exist_ok=True)
         return None
     skipped = []
     for _, folder in checkpoints(run_dir):  # newest first
@@ -338,15 +300,13 @@ def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
 def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None, resumed_from: int | None = None) -> Path:
     """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions, and
     the step a resumed run continued from (its learning rate then follows the schedule for this ``max_steps``)."""
-    import peft
-    import transformers
-    import trl
+    from importlib.metadata import version
 
     secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
     values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
     info = {"recipe": values, "data": data, "reward_names": list(recipe.kit.reward_funcs), "curriculum": curriculum,
             "resumed_from_step": resumed_from,
-            "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "peft": peft.__version__}}
+            "versions": {name: version(name) for name in ("trl", "transformers", "peft")}}
     return atomic_write_text(Path(run_dir) / "run.json", json.dumps(info, indent=2, default=str))
 
 

@@ -43,24 +43,22 @@ class TrainResult:
                 f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}")
 
 
-@runs.releases_run_locks
+@runs.releases_run_locks()
 def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.PathLike | None = None,
-          resume: bool = False, callbacks: tuple = (), curriculum=None, lenient: bool = False,
-          show_completions: int = 0) -> TrainResult:
+          resume: bool = False, callbacks: tuple = (), curriculum=None, lenient: bool = False) -> TrainResult:
     """Train a GRPO LoRA adapter with ``recipe`` (``grpo_kit.config.Recipe``) on ``data`` prompts.
 
     ``dataset`` (question/answer columns) replaces ``data``. The run folder is ``output_dir``, else the recipe's
     ``output_dir``, else ``runs/<recipe>-<time>``. ``resume=True`` continues from the newest complete checkpoint there;
     without it a used run folder is refused, never overwritten. ``curriculum`` (``grpo_kit.curriculum.Curriculum``)
-    orders/filters the prompts; ``lenient`` skips bad data rows (counted); ``show_completions=N`` prints sampled
-    completions with their rewards every N steps. Under ``accelerate launch`` every process runs this; only the main
-    one writes run files.
+    orders the prompts; ``lenient`` skips bad data rows (counted). Sampled completions with each reward's score are
+    TRL's own table (the recipe's ``log_completions``). Under ``accelerate launch`` every process runs this; only the
+    main one writes run files.
     """
     from accelerate import PartialState
 
     from grpo_kit import models
     from grpo_kit.callbacks import (
-        CompletionSamples,
         MetricsLogger,
         NumericsGuard,
         ScheduleToMaxSteps,
@@ -78,8 +76,8 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
 
     # --- Recipe: the run folder is its output_dir; a curriculum keeps its order unless the recipe says otherwise
     recipe = recipe.replace(output_dir=str(run_folder(recipe, output_dir)))
-    if curriculum is not None:
-        recipe = recipe.replace(**{k: v for k, v in curriculum.grpo_changes.items() if k not in recipe.values})
+    if curriculum is not None and "shuffle_dataset" not in recipe.values:  # TRL's shuffling would undo the order
+        recipe = recipe.replace(shuffle_dataset=False)
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
@@ -109,7 +107,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
 
     # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
     policy, tokenizer = models.load_model(recipe)
-    recipe = models.without_failed_vllm(recipe, policy)  # vLLM missing or its engine failed: load_model said so
+    recipe = models.without_failed_vllm(recipe, policy)  # vLLM missing: load_model said so
     config = recipe.grpo
 
     # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
@@ -128,15 +126,14 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report,
                             resumed_from=runs.checkpoint_step(checkpoint) if checkpoint else None)
 
-    # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log, guard and show
-    samples = CompletionSamples(every=show_completions)
+    # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
     trainer = trl.GRPOTrainer(
         model=policy,
-        reward_funcs=guard_rewards(funcs, run_dir, samples),
+        reward_funcs=guard_rewards(funcs, run_dir),
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), samples, *callbacks],
+        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), *callbacks],
     )
     start = time.time()
     with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
@@ -180,8 +177,6 @@ def cli_train(args) -> int:
     from grpo_kit.config import build_recipe, load_recipe, parse_set
     from grpo_kit.plots import plot_metrics
 
-    if args.show_completions < 0:
-        raise GrpoKitError(f"--show-completions takes a number of steps (0: never), got {args.show_completions}.")
     changes = parse_set(args.set)
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
@@ -199,8 +194,7 @@ def cli_train(args) -> int:
     else:  # --preset NAME or --recipe PATH: one option, load_recipe takes either
         recipe = load_recipe(args.preset, **changes)
     result = train(recipe, data=args.data, output_dir=args.output, resume=args.resume,
-                   curriculum=_curriculum_from_args(args), lenient=args.lenient,
-                   show_completions=args.show_completions)
+                   curriculum=_curriculum_from_args(args), lenient=args.lenient)
     from accelerate import PartialState
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
@@ -212,11 +206,10 @@ def cli_train(args) -> int:
 
 def _curriculum_from_args(args):
     if not args.curriculum:
-        if args.curriculum_order or args.zero_variance:
-            raise GrpoKitError("--curriculum-order and --zero-variance need the scores file: --curriculum "
-                               "scores.jsonl (write it with grpo-kit curriculum --data DATA).")
+        if args.zero_variance:
+            raise GrpoKitError("--zero-variance needs the scores file: --curriculum scores.jsonl (write it with "
+                               "grpo-kit curriculum --data DATA).")
         return None
     from grpo_kit.curriculum import Curriculum
 
-    return Curriculum(args.curriculum, order=args.curriculum_order or "entropy",
-                      zero_variance=args.zero_variance or "keep")
+    return Curriculum(args.curriculum, drop_zero_variance=args.zero_variance == "drop")

@@ -68,7 +68,7 @@ def test_a_4bit_grpo_step_trains_the_lora_on_linear4bit_layers_and_its_exports_v
     recipe = load_recipe("cpu-4bit", max_steps=1, save_steps=1, max_completion_length=16, num_generations=4,
                          per_device_train_batch_size=4, few_shot=0, reward_funcs=["length_reward:longer"],
                          reward_weights=[1.0])
-    result = train(recipe, data="arithmetic-1step", output_dir=tmp_path / "run", callbacks=(Look(),))
+    result = train(recipe, data="arithmetic", output_dir=tmp_path / "run", callbacks=(Look(),))
     assert result.steps == 1
     assert len(seen["layers"]) == 60 and all(isinstance(m, bnb.nn.Linear4bit) for m in seen["layers"])
     assert {m.compute_dtype for m in seen["layers"]} == {torch.float32}

@@ -1,5 +1,5 @@
-"""The CPU recipe that teaches answers: arithmetic difficulty, the cpu-answers preset's wiring, the interval
-statistics, ``grpo-kit demo --task``, and the benchmark's curve and verdict (benchmarks/bench_cpu_answers.py)."""
+"""The CPU recipe that teaches answers: the arithmetic held-out split, the cpu-answers preset's wiring, the interval
+statistics, and the benchmark's curve and verdict (benchmarks/bench_cpu_answers.py)."""
 
 from __future__ import annotations
 
@@ -25,35 +25,19 @@ def bench():
     return module
 
 
-# ------------------------------------------------------------------------------------------------ difficulty
+# ------------------------------------------------------------------------------------------------ held-out split
 
 
-@pytest.mark.parametrize("steps, lines", [(1, 1), (2, 2)])
-def test_steps_knob_keeps_one_kind_of_problem(steps, lines):
-    solutions = make_arithmetic_dataset(40, seed=5, steps=steps)["solution"]
-    assert all(len(s.split("\n")) == lines + 1 for s in solutions)  # calculation lines + the "#### N" line
-
-
-def test_mixed_default_holds_both_kinds():
-    counts = {len(s.split("\n")) for s in make_arithmetic_dataset(40, seed=5)["solution"]}
-    assert counts == {2, 3}
-
-
-def test_unknown_steps_is_refused_with_the_valid_values():
-    with pytest.raises(GrpoKitError, match="steps must be one of"):
-        make_arithmetic_dataset(4, steps=3)
-
-
-def test_one_step_held_out_split_repeats_no_training_calculation():
-    train, test = load_gsm8k("arithmetic-1step", "train"), load_gsm8k("arithmetic-1step", "test")
-    assert len(test) >= 100
+def test_held_out_split_repeats_no_training_calculation():
+    train, test = load_gsm8k("arithmetic", "train"), load_gsm8k("arithmetic", "test")
+    assert (len(train), len(test)) == (256, 200)
     assert not {arithmetic_key(s) for s in train["solution"]} & {arithmetic_key(s) for s in test["solution"]}
     assert all("\n" not in s.split("####")[0].strip() for s in test["solution"])
 
 
 def test_excluded_calculations_do_not_come_back():
-    first = make_arithmetic_dataset(50, seed=0, steps=1)
-    again = make_arithmetic_dataset(50, seed=0, steps=1, exclude=first["solution"])
+    first = make_arithmetic_dataset(50, seed=0)
+    again = make_arithmetic_dataset(50, seed=0, exclude=first["solution"])
     assert not set(map(arithmetic_key, first["solution"])) & set(map(arithmetic_key, again["solution"]))
 
 
@@ -61,15 +45,15 @@ def test_excluded_calculations_do_not_come_back():
 
 
 @pytest.mark.slow
-def test_cpu_answers_recipe_runs_one_step_on_one_step_arithmetic(tiny_model_dir, tmp_path):
+def test_cpu_answers_recipe_runs_one_step_on_arithmetic(tiny_model_dir, tmp_path):
     from grpo_kit.callbacks import read_metrics
     from grpo_kit.train import train
 
     preset = load_recipe("cpu-answers", model_name_or_path=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
-    result = train(preset, data="arithmetic-1step", output_dir=tmp_path / "run")
+    result = train(preset, data="arithmetic", output_dir=tmp_path / "run")
     assert result.steps == 1
     info = json.loads((result.run_dir / "run.json").read_text())
-    assert info["data"] == "arithmetic-1step"
+    assert info["data"] == "arithmetic"
     assert info["reward_names"] == ["correctness", "format_rate"]
     row = read_metrics(result.metrics_path)[0]
     assert "reward/correctness" in row
@@ -112,40 +96,6 @@ def test_mcnemar_is_symmetric_and_exact():
 def test_paired_difference_refuses_unpaired_results():
     with pytest.raises(GrpoKitError, match="same held-out set"):
         paired_difference([True, False], [True])
-
-
-# ------------------------------------------------------------------------------------------------ demo --task
-
-
-def test_demo_task_flag_reaches_run_demo(monkeypatch):
-    import grpo_kit.demo as demo
-    from grpo_kit.cli import main
-
-    seen = {}
-    monkeypatch.setattr(demo, "run_demo", lambda **kwargs: seen.update(kwargs) or {})
-    assert main(["demo", "--task", "arithmetic", "--no-export"]) == 0
-    assert seen["task"] == "arithmetic" and seen["export_adapter"] is False
-    main(["demo"])
-    assert seen["task"] == "format"
-
-
-def test_demo_unknown_task_is_refused(capsys):
-    from grpo_kit.cli import build_parser
-    from grpo_kit.demo import run_demo
-
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["demo", "--task", "poetry"])
-    assert "arithmetic" in capsys.readouterr().err
-    with pytest.raises(GrpoKitError, match="format, arithmetic"):
-        run_demo(task="poetry")
-
-
-def test_arithmetic_demo_uses_the_answers_recipe_and_its_held_out_split():
-    from grpo_kit.demo import TASKS
-
-    task = TASKS["arithmetic"]
-    assert load_recipe(task.recipe).rewards == [("correctness", 1.0), ("format_rate", 0.0)]  # format_rate: a metric
-    assert len(load_gsm8k(task.data, "test", limit=task.eval_questions)) == task.eval_questions >= 100
 
 
 # ------------------------------------------------------------------------------------------------ benchmark

@@ -13,13 +13,11 @@ from grpo_kit.curriculum import (
     PromptScore,
     answer_clusters,
     answer_entropy,
-    curriculum_order,
     final_number,
     is_zero_variance,
     read_scores,
     score_dataset,
     write_scores,
-    zero_variance_filter,
 )
 from grpo_kit.errors import GrpoKitError
 
@@ -99,40 +97,26 @@ def _score(question, answers, rewards=(0.0, 1.0), gold="1"):
     return PromptScore(question, gold, tuple(answers), tuple(rewards))
 
 
-def test_entropy_order_puts_consistent_questions_first_and_unscored_last():
-    scores = [
-        _score("a", ["1", "2", "3", "4"]),  # ln 4
-        None,
-        _score("c", ["1", "1", "1", "1"]),  # 0
-        _score("d", ["1", "1", "2", "2"]),  # ln 2
-    ]
-    assert curriculum_order(scores, "entropy") == [2, 3, 0, 1]
-    assert curriculum_order(scores, "none") == [0, 1, 2, 3]
+def test_entropy_order_puts_consistent_questions_first_ties_in_data_order_and_unscored_last(tmp_path):
+    path = write_scores(
+        tmp_path / "s.jsonl",
+        [
+            _score("a", ["1", "2", "3", "4"]),  # ln 4
+            _score("c", ["1", "1", "1", "1"]),  # 0
+            _score("d", ["1", "1", "2", "2"]),  # ln 2
+            _score("e", ["5", "5", "6", "6"]),  # ln 2, after d in the data
+        ],
+    )
+    ordered, _ = Curriculum(str(path)).apply(_dataset(["a", "unscored", "c", "d", "e"]))
+    assert ordered["question"] == ["c", "d", "e", "a", "unscored"]
 
 
-def test_accuracy_order_separates_confidently_wrong_from_confidently_right():
-    scores = [_score("wrong", ["7"] * 4, gold="1"), _score("mixed", ["1", "2", "1", "2"]), _score("right", ["1"] * 4)]
-    assert curriculum_order(scores, "entropy")[:2] == [0, 2]  # entropy alone cannot tell them apart
-    assert curriculum_order(scores, "accuracy") == [2, 1, 0]
-
-
-def test_staged_order_trains_the_low_entropy_half_first():
-    scores = [_score(str(i), [str(j % (i + 1)) for j in range(6)]) for i in range(6)]  # entropy grows with i
-    first = curriculum_order(scores, "staged", seed=1)
-    assert set(first[:3]) == {0, 1, 2} and set(first[3:]) == {3, 4, 5}
-    assert first == curriculum_order(scores, "staged", seed=1)  # deterministic for a seed
-    assert any(curriculum_order(scores, "staged", seed=s) != first for s in range(2, 8))  # halves are shuffled
-
-
-def test_zero_variance_drop_and_last():
-    scores = [_score("flat", ["1", "2"], (1.0, 1.0)), _score("ok", ["1", "2"], (0.0, 1.0)), None]
-    assert zero_variance_filter([0, 1, 2], scores, "keep") == ([0, 1, 2], 1)
-    assert zero_variance_filter([0, 1, 2], scores, "drop") == ([1, 2], 1)
-    assert zero_variance_filter([0, 1, 2], scores, "last") == ([1, 2, 0], 1)
-    with pytest.raises(GrpoKitError, match="drop"):
-        zero_variance_filter([0], scores, "skip")
-    with pytest.raises(GrpoKitError, match="staged"):
-        curriculum_order(scores, "hardest")
+def test_zero_variance_keep_and_drop(tmp_path):
+    path = write_scores(tmp_path / "s.jsonl", [_score("flat", ["1", "2"], (1.0, 1.0)), _score("ok", ["1", "2"])])
+    kept, report = Curriculum(str(path)).apply(_dataset(["flat", "ok", "unscored"]))
+    assert kept["question"] == ["flat", "ok", "unscored"] and report["zero_variance_questions"] == 1
+    dropped, report = Curriculum(str(path), drop_zero_variance=True).apply(_dataset(["flat", "ok", "unscored"]))
+    assert dropped["question"] == ["ok", "unscored"] and report["zero_variance_questions"] == 1
 
 
 # ------------------------------------------------------------------------------------------------ files and apply
@@ -184,28 +168,33 @@ def test_curriculum_apply_orders_filters_and_reports(tmp_path):
     dataset = _dataset(["hard", "unscored", "easy", "medium"])
     ordered, report = Curriculum(str(path)).apply(dataset)
     assert ordered["question"] == ["easy", "medium", "hard", "unscored"]
-    dropped, report = Curriculum(str(path), zero_variance="drop").apply(dataset)
+    dropped, report = Curriculum(str(path), drop_zero_variance=True).apply(dataset)
     assert dropped["question"] == ["medium", "hard", "unscored"]
     assert report["zero_variance_questions"] == 1 and report["kept"] == 3 and report["scored"] == 3
-    postponed, _ = Curriculum(str(path), order="none", zero_variance="last").apply(dataset)
-    assert postponed["question"] == ["hard", "unscored", "medium", "easy"]
 
 
-def test_curriculum_turns_shuffling_off_only_when_order_matters():
-    assert Curriculum("s", order="entropy").grpo_changes == {"shuffle_dataset": False}
-    assert Curriculum("s", order="none", zero_variance="last").grpo_changes == {"shuffle_dataset": False}
-    assert Curriculum("s", order="none", zero_variance="drop").grpo_changes == {}
-    with pytest.raises(GrpoKitError, match="entropy"):
-        Curriculum("s", order="hardest")
-    with pytest.raises(GrpoKitError, match="keep, drop, last"):
-        Curriculum("s", zero_variance="skip")
+class _Stop(Exception):
+    pass
 
 
-def test_grpo_changes_are_valid_grpo_config_fields():
+@pytest.mark.parametrize(("recipe_sets", "expected"), [({}, False), ({"shuffle_dataset": True}, True)])
+def test_train_turns_trl_shuffling_off_unless_the_recipe_set_it(tmp_path, monkeypatch, recipe_sets, expected):
+    """TRL must not undo the curriculum's order; a value the recipe set is never overwritten."""
+    from grpo_kit import planner
     from grpo_kit.config import load_recipe
+    from grpo_kit.train import train
 
-    recipe = load_recipe("cpu").replace(**Curriculum("s").grpo_changes)
-    assert recipe.grpo.shuffle_dataset is False  # TRL then trains in the curriculum's order
+    seen = []
+
+    def stop(recipe, device):  # the first check that sees the final recipe; stop before any data or weights load
+        seen.append(recipe.grpo.shuffle_dataset)
+        raise _Stop
+
+    monkeypatch.setattr(planner, "check_device", stop)
+    with pytest.raises(_Stop):
+        train(load_recipe("cpu", **recipe_sets), dataset=_dataset(["q"]), output_dir=tmp_path / "run",
+              curriculum=Curriculum("s.jsonl"))
+    assert seen == [expected]
 
 
 def test_curriculum_for_other_data_or_nothing_left_is_explained(tmp_path):
@@ -213,7 +202,7 @@ def test_curriculum_for_other_data_or_nothing_left_is_explained(tmp_path):
     with pytest.raises(GrpoKitError, match="other data"):
         Curriculum(str(path)).apply(_dataset(["something else"]))
     with pytest.raises(GrpoKitError, match="nothing to train on"):
-        Curriculum(str(path), zero_variance="drop").apply(_dataset(["flat"]))
+        Curriculum(str(path), drop_zero_variance=True).apply(_dataset(["flat"]))
 
 
 def test_cli_zero_variance_without_scores_is_a_clear_error(capsys):
@@ -291,7 +280,7 @@ def test_dropping_zero_variance_prompts_removes_zero_std_groups(tmp_path):
         return _trl_frac_zero_std([r for score in fresh for r in score.rewards], num_generations=4)
 
     before = zero_std_share(dataset)
-    filtered, report = Curriculum(str(path), order="none", zero_variance="drop").apply(dataset)
+    filtered, report = Curriculum(str(path), drop_zero_variance=True).apply(dataset)
     after = zero_std_share(filtered)
     assert before == 0.5 and after == 0.0
     assert report["zero_variance_questions"] == 4 and len(filtered) == 4
@@ -374,7 +363,7 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
     baseline = train(recipe, dataset=dataset, output_dir=tmp_path / "base")
     seen.clear()
     filtered = train(recipe, dataset=dataset, output_dir=tmp_path / "drop",
-                     curriculum=Curriculum(str(path), order="entropy", zero_variance="drop"))
+                     curriculum=Curriculum(str(path), drop_zero_variance=True))
     before = [row["frac_reward_zero_std"] for row in read_metrics(baseline.metrics_path)]
     after = [row["frac_reward_zero_std"] for row in read_metrics(filtered.metrics_path)]
     assert sum(before) > 0 and after == [0.0, 0.0, 0.0]  # measured: before [0.5, 0.0, 0.5]

@@ -59,7 +59,6 @@ def test_extract_gsm8k_answer(text, gold):
         ("#### 72 clips", "not a number"),
         ("#### 3 4", "not a number"),
         ("#### --5", "not a number"),
-        (None, "expected the answer as text"),
     ],
 )
 def test_extract_gsm8k_answer_rejects(text, reason):
@@ -210,14 +209,19 @@ def test_load_jsonl(tmp_path):
     assert load_gsm8k(str(text_only))["answer"] == EXPECTED[:3]
 
 
-def test_load_json_array_and_data_key_and_json_lines(tmp_path):
+def test_load_json_array_and_json_lines(tmp_path):
     array = tmp_path / "a.json"
     array.write_text(json.dumps(ROWS))
+    lines = _write_jsonl(tmp_path / "c.json", ROWS)
+    for path in (array, lines):
+        assert load_gsm8k(str(path))["answer"] == EXPECTED
+
+
+def test_json_object_wrapping_the_rows_is_refused_with_the_columns_found(tmp_path):
     wrapped = tmp_path / "b.json"
     wrapped.write_text(json.dumps({"data": ROWS}))
-    lines = _write_jsonl(tmp_path / "c.json", ROWS)
-    for path in (array, wrapped, lines):
-        assert load_gsm8k(str(path))["answer"] == EXPECTED
+    with pytest.raises(GrpoKitError, match=r"missing column\(s\) \['question', 'answer'\]; found \['data'\]"):
+        load_gsm8k(str(wrapped))
 
 
 def test_load_parquet(tmp_path):
@@ -242,6 +246,7 @@ def _bad_jsonl(tmp_path, bad_line: bytes):
         (json.dumps({"question": "Q?"}).encode(), "answer is missing"),
         (json.dumps({"question": "Q?", "answer": "#### many"}).encode(), "not a number"),
         (json.dumps({"question": "Q?", "answer": "The answer is 5."}).encode(), "neither a number"),
+        (json.dumps({"question": "Q?", "answer": " "}).encode(), "neither a number nor a GSM8K text ending in '#### N': ''"),
         (json.dumps({"question": "Q?", "answer": None}).encode(), "missing"),
         (json.dumps({"question": "Q?", "answer": True}).encode(), "boolean"),
         (json.dumps({"question": "", "answer": GOOD}).encode(), "question is empty"),
@@ -565,7 +570,7 @@ def test_arithmetic_is_deterministic_and_correct():
     for row in a:
         assert extract_gsm8k_answer(row["solution"]) == row["answer"]
         _check_solution(row["solution"], row["answer"])
-        assert 1 <= len(_ANNOTATION.findall(row["solution"])) <= 2
+        assert len(_ANNOTATION.findall(row["solution"])) == 1  # one-step problems only
         assert all(int(n) < 1000 for n in re.findall(r"\d+", row["question"]))
 
 
@@ -578,8 +583,3 @@ def test_arithmetic_splits_are_disjoint():
     train, test = load_gsm8k("arithmetic", "train"), load_gsm8k("arithmetic", "test")
     assert len(train) == data.ARITHMETIC_SIZES["train"] and len(test) == data.ARITHMETIC_SIZES["test"]
     assert not set(train["question"]) & set(test["question"])
-
-
-def test_arithmetic_rejects_bad_n():
-    with pytest.raises(GrpoKitError):
-        make_arithmetic_dataset(0)

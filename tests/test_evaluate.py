@@ -11,7 +11,7 @@ from grpo_kit.cli import main
 from grpo_kit.data import load_gsm8k
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_after, stop_token_ids
-from grpo_kit.rewards import score_completions
+from grpo_kit.rewards import REWARDS
 
 _score_row = evaluate_module._score_row
 ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",
@@ -51,9 +51,10 @@ def test_prefill_counts_as_part_of_the_answer():
     "<think>x</think><answer>1000", "the answer is 1000", "<answer>1e3</answer>", "<answer>one thousand</answer>",
 ])
 def test_strict_accuracy_is_the_correctness_reward_and_format_the_format_reward(completion):
-    rewards = score_completions([completion], "1000", ["correctness", "format"])[0]
+    correct = REWARDS["correctness"]([completion], answer=["1000"], prefill=[""])[0] > 0  # as TRL calls it
+    in_format = REWARDS["format"]([completion], answer=["1000"], prefill=[""])[0] > 0
     row = _score_row(completion, "1000")
-    assert (row["correct_strict"], row["in_format"]) == (rewards["correctness"] > 0, rewards["format"] > 0)
+    assert (row["correct_strict"], row["in_format"]) == (correct, in_format)
 
 
 def test_stop_token_ids_merge_the_generation_config_and_tokenizer_ends_once_each():
@@ -169,10 +170,6 @@ def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make
     assert (base.label, tuned.label) == ("base", "tuned") and base.n == tuned.n == 3
     assert [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]
     assert [r["completion"] for r in base.rows] != [r["completion"] for r in tuned.rows]
-    from grpo_kit.plots import plot_before_after
-
-    path = plot_before_after({"base": base, "tuned": tuned}, tmp_path / "plot.png")
-    assert path.stat().st_size > 1000
 
 
 @pytest.mark.slow

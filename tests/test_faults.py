@@ -147,9 +147,9 @@ def _no_tokenizer_model(tmp, env):
                                                                                "chat_template*"))
 
 
-def _run_with(*names, steps=None, lock=None, adapter=False):
+def _run_with(*names, steps=None, locked=False, adapter=False):
     """A run folder with ``names`` in it; ``steps``: checkpoints 1..steps (``adapter``: and the final adapter from
-    the last); ``lock``: held by a 'live' or a 'dead' process."""
+    the last); ``locked``: another process holds its lock."""
     import shutil
 
     def make(tmp, env):
@@ -165,10 +165,8 @@ def _run_with(*names, steps=None, lock=None, adapter=False):
             (run / "run.json").write_text(json.dumps({"recipe": dict(load_recipe("cpu", max_steps=steps).values)}))
         if adapter:
             shutil.copytree(run / f"checkpoint-{steps}", run / "adapter")
-        if lock:
-            from grpo_kit.runs import LOCK_NAME
-
-            (run / LOCK_NAME).write_text(str(env[f"{lock}_pid"]))
+        if locked:
+            env["hold_lock"](run)
 
     return make
 
@@ -250,7 +248,7 @@ def _disk_full(tmp, env):
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    env["monkeypatch"].setattr(export_module, "_write_lora", no_space)
+    env["monkeypatch"].setattr(export_module.shutil, "copy2", no_space)
 
 
 def _upload_fails(tmp, env):
@@ -369,8 +367,8 @@ CASES = [
     Case("bf16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "bf16=true"), ("needs a CUDA GPU", "bf16")),
     Case("max-steps-huge", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=99999999999999999999"),
          ("max_steps=99999999999999999999", "at most 10,000,000")),
-    Case("show-completions-negative", "settings", (*TRAIN, "--data", "sample", "--show-completions", "-1"),
-         ("--show-completions", "got -1")),
+    Case("log-completions-not-a-bool", "settings", (*TRAIN, "--data", "sample", "--set", "log_completions=maybe"),
+         ("log_completions", "got maybe", "true/false")),
     Case("recipe-bad-yaml", "settings", ("train", "--recipe", "{tmp}/bad.yaml", "--data", "sample"),
          ("bad.yaml, line 3, column 1", "not valid YAML"), _file("bad.yaml", b"name: bad\nlearning_rate: [1, 2\n")),
     Case("unknown-set-field", "settings", (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
@@ -404,15 +402,15 @@ CASES = [
          ("epsilon: invalid float value: 'wide'",)),
     Case("vllm-share-above-one", "settings", (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
          ("vllm_gpu_memory_utilization",)),
-    Case("curriculum-order-alone", "settings", (*TRAIN, "--data", "sample", "--curriculum-order", "entropy"),
+    Case("zero-variance-alone", "settings", (*TRAIN, "--data", "sample", "--zero-variance", "drop"),
          ("--curriculum scores.jsonl",)),
     # resume and run folders
     Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("there is no run folder",)),
     Case("output-has-files", "resume", (*TRAIN, "--data", "sample"), ("already has files", "--resume"),
          _run_with("notes.txt")),
-    Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(lock="live")),
+    Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(locked=True)),
     Case("resume-while-running", "resume", (*TRAIN, "--data", "sample", "--resume"), ("in use", "PID"),
-         _run_with(steps=1, lock="live")),
+         _run_with(steps=1, locked=True)),
     Case("resume-finished-run", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
          _run_with(steps=2, adapter=True), code=0),
     Case("truncated-final-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
@@ -425,10 +423,10 @@ CASES = [
          ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("optimizer.pt")), code=0),
     Case("truncated-checkpoint-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
          ("already finished: step 1 of 1",), _damaged_last_checkpoint(_cut("adapter_model.safetensors")), code=0),
-    Case("output-is-a-file", "resume", (*TRAIN, "--data", "sample"), ("cannot be used as a run folder",),
+    Case("output-is-a-file", "resume", (*TRAIN, "--data", "sample"), ("Cannot write the run into", "--output"),
          _file("run", b"a file, not a folder")),
     Case("output-read-only", "resume", ("train", *TINY, "--data", "sample", "--output", "{tmp}/ro/run"),
-         ("cannot be used as a run folder", "Permission denied"), _read_only("ro")),
+         ("Cannot write the run into", "Permission denied"), _read_only("ro")),
     # export
     Case("export-not-an-adapter", "export", ("export", "--adapter", "{tmp}"), ("not a LoRA adapter folder",)),
     Case("export-run-folder", "export", ("export", "--adapter", "{tmp}/run"), ("not a LoRA adapter folder",
@@ -473,18 +471,23 @@ CASES = [
 # ------------------------------------------------------------------------------------------------ the test
 
 
-@pytest.fixture(scope="module")
-def processes():
-    """PIDs of a live process and of one that has exited (for run-folder locks)."""
+@pytest.fixture
+def hold_lock():
+    """``hold_lock(run_dir)``: another process takes the run folder's lock as ``train`` does and keeps it."""
     import subprocess
-    import sys
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    yield {"live_pid": live.pid, "dead_pid": dead.pid}
-    live.kill()
-    live.wait()
+    started = []
+
+    def hold(run_dir):
+        code = ("import sys, time; from pathlib import Path; from grpo_kit import runs; "
+                "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)")
+        started.append(subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True))
+        assert started[-1].stdout.readline() == "locked\n"
+
+    yield hold
+    for process in started:
+        process.kill()
+        process.wait()
 
 
 def _snapshot(folder: Path) -> dict:
@@ -496,12 +499,12 @@ def _fill(argv, tmp, tiny) -> list[str]:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter, fake_checkpoint, processes,
+def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter, fake_checkpoint, hold_lock,
                request):
     if case.area in PRELOAD_AREAS:
         request.getfixturevalue("no_model_load")
     env = {"tiny": tiny_model_dir, "make_adapter": make_adapter, "fake_checkpoint": fake_checkpoint,
-           "monkeypatch": monkeypatch, **processes}  # fmt: skip
+           "monkeypatch": monkeypatch, "hold_lock": hold_lock}  # fmt: skip
     if case.setup:
         case.setup(tmp_path, env)
     before = _snapshot(tmp_path)

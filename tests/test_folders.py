@@ -138,15 +138,20 @@ def test_read_run_info_is_empty_when_unreadable(tmp_path, content):
 
 
 def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
+    from filelock import FileLock, Timeout
+
     run_dir = tmp_path / "run"
-    assert runs.prepare_run_dir(run_dir, resume=False) is None
-    assert (run_dir / runs.LOCK_NAME).read_text() == str(os.getpid())
-    assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell run again
-    (run_dir / "notes.txt").write_text("kept")
-    with pytest.raises(runs.GrpoKitError, match="already has files.*--resume"):
-        runs.prepare_run_dir(run_dir, resume=False)
-    runs.release_run_lock(run_dir)
-    assert not (run_dir / runs.LOCK_NAME).exists() and (run_dir / "notes.txt").read_text() == "kept"
+    with runs.releases_run_locks():
+        assert runs.prepare_run_dir(run_dir, resume=False) is None
+        assert (run_dir / runs.LOCK_NAME).read_text() == str(os.getpid())
+        assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell again
+        with pytest.raises(Timeout):  # held: any other opener of the lock file is refused
+            FileLock(run_dir / runs.LOCK_NAME, blocking=False).acquire()
+        (run_dir / "notes.txt").write_text("kept")
+        with pytest.raises(runs.GrpoKitError, match="already has files.*--resume"):
+            runs.prepare_run_dir(run_dir, resume=False)
+    with FileLock(run_dir / runs.LOCK_NAME, blocking=False):  # released
+        assert (run_dir / "notes.txt").read_text() == "kept"
 
 
 def test_restored_final_adapter_is_the_checkpoints_weights_without_training_state(tmp_path, fake_checkpoint):

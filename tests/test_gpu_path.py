@@ -353,21 +353,23 @@ def test_server_mode_with_16bit_weights_loads(fake_unsloth):
     assert fake_unsloth.loads[-1]["fast_inference"] is False  # the server generates
 
 
-# ------------------------------------------------------------------------------------------------ vLLM fallback
+# ------------------------------------------------------------------------------------------------ vLLM import or start
 
 
 def _vllm_off_lines(capsys) -> list[str]:
     return [line for line in capsys.readouterr().out.splitlines() if line.startswith("vLLM off:")]
 
 
-def test_engine_that_fails_to_start_falls_back_to_unsloth_generation(fake_unsloth, monkeypatch, capsys):
+def test_an_engine_that_fails_to_start_is_an_error_naming_the_fixes(fake_unsloth, monkeypatch, capsys):
+    """No silent fallback to slower generation: the cause's first line, and the three ways out."""
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     fake_unsloth.engine_error = RuntimeError("Engine core initialization failed. See root cause above.\nmore")
-    model, _ = models.load_model(load_recipe("a100-80gb"))
-    assert [load["fast_inference"] for load in fake_unsloth.loads] == [True, False]
-    assert getattr(model, "vllm_engine", None) is None
-    (line,) = _vllm_off_lines(capsys)
-    assert "RuntimeError: Engine core initialization failed" in line and "To use vLLM" in line
+    with pytest.raises(GrpoKitError, match="RuntimeError: Engine core initialization failed") as error:
+        models.load_model(load_recipe("a100-80gb"))
+    for fix in ("Restart the runtime", "--set vllm_gpu_memory_utilization", "--set use_vllm=false"):
+        assert fix in str(error.value)
+    assert [load["fast_inference"] for load in fake_unsloth.loads] == [True]  # not loaded again without vLLM
+    assert _vllm_off_lines(capsys) == []
 
 
 def test_a_programming_error_is_not_taken_for_an_engine_failure(fake_unsloth):
@@ -377,12 +379,15 @@ def test_a_programming_error_is_not_taken_for_an_engine_failure(fake_unsloth):
     assert len(fake_unsloth.loads) == 1
 
 
-def test_train_continues_without_vllm_when_the_engine_fails(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch, capsys):
+def test_train_stops_with_the_fixes_when_the_engine_fails(fake_unsloth, tiny_model_dir, tmp_path, monkeypatch):
+    from grpo_kit.train import train
+
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
     fake_unsloth.engine_error = ValueError("No available memory for the cache blocks.")
-    _train_on_fake_gpu(tiny_model_dir, tmp_path, use_vllm=True)
-    assert fake_unsloth.trainer[1]["args"].use_vllm is False  # TRL must not start an engine of its own
-    assert len(_vllm_off_lines(capsys)) == 1
+    recipe = load_recipe("cpu", backend="unsloth", model_name_or_path=str(tiny_model_dir), use_cpu=True, use_vllm=True)
+    with pytest.raises(GrpoKitError, match="ValueError: No available memory.*--set use_vllm=false"):
+        train(recipe, data="sample", output_dir=tmp_path / "run")
+    assert fake_unsloth.trainer is None  # no trainer was built: the run did not go on without vLLM
 
 
 def test_vllm_that_cannot_be_imported_is_turned_off_with_one_line(fake_unsloth, monkeypatch, capsys):

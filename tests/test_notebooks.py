@@ -1,4 +1,4 @@
-"""The notebooks' imports and install cell, run; the Colab/Drive helpers they call (grpo_kit.colab); the charts.
+"""The notebooks' imports and install cell, run; the Colab/Drive helpers they call (grpo_kit.colab); the curves.
 
 Running every notebook top to bottom is ``pytest --nbmake notebooks`` (the Makefile's test target, with
 GRPO_KIT_RECIPE=tests/smoke.yaml).
@@ -241,18 +241,9 @@ def test_training_curves_are_drawn_from_a_metrics_file(tmp_path):
     rows = [{"step": s, "reward": 0.1 * s, "reward/format": 0.2 * s, "format_rate": 0.5, "frac_reward_zero_std": 0.25,
              "completions/mean_length": 30 + s} for s in range(1, 4)]
     (tmp_path / "metrics.jsonl").write_text("".join(dumps_finite(row) + "\n" for row in rows))
-    assert is_png(plot_metrics(tmp_path))
+    assert is_png(plot_metrics(tmp_path / "metrics.jsonl"))
     assert (tmp_path / "plots" / "rewards.png").is_file()
     (tmp_path / "empty").mkdir()
     (tmp_path / "empty" / "metrics.jsonl").write_text("")
     with pytest.raises(GrpoKitError, match="train first"):
-        plot_metrics(tmp_path / "empty")
-
-
-def test_vram_plans_of_every_recipe_are_drawn(tmp_path):
-    from grpo_kit.config import load_recipe, recipe_names
-    from grpo_kit.planner import estimate_vram
-    from grpo_kit.plots import plot_vram_plans
-
-    estimates = {name: estimate_vram(load_recipe(name)) for name in recipe_names()}
-    assert is_png(plot_vram_plans(estimates, highlight="t4-16gb", out=tmp_path / "vram.png", show=False))
+        plot_metrics(tmp_path / "empty" / "metrics.jsonl")

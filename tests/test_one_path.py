@@ -112,10 +112,9 @@ def test_notebook_00s_written_out_values_are_the_recipe_grpo_kit_train_reads(tie
     assert notebook["recipe"].grpo.output_dir == str(tmp_path / "runs" / tier)  # where 04 and 05 look for it
 
 
-def test_each_model_choice_on_a_t4_is_estimated_to_finish_in_a_free_session(monkeypatch, tmp_path, capsys):
-    """Train + before/after eval within 55 minutes leaves 20 for loading and the export: 75 in all."""
+def test_each_model_choice_on_a_t4_fits_the_card(monkeypatch, tmp_path):
     import grpo_kit.colab
-    from grpo_kit.planner import estimate_vram, t4_minutes
+    from grpo_kit.planner import estimate_vram
 
     monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
     settings = notebook_00("c04")
@@ -124,9 +123,6 @@ def test_each_model_choice_on_a_t4_is_estimated_to_finish_in_a_free_session(monk
         chosen = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": "t4-16gb", "MODEL": model})["recipe"]
         assert chosen.model.model_name_or_path.endswith("-bnb-4bit")
         assert estimate_vram(chosen, card_gb=14.7).fits(), model  # the T4 shows 14.7 GiB
-        low, high = t4_minutes(chosen, settings["EVAL_QUESTIONS"])
-        assert 0 < low < high <= 55, (model, low, high)
-    assert "<- this run" in capsys.readouterr().out
 
 
 def test_notebook_00_on_a_cpu_runs_the_recipe_that_learns_unless_ci_asks_for_smoke_sizes(monkeypatch):

@@ -230,7 +230,7 @@ def test_bf16_on_a_gpu_without_bf16_is_refused_with_the_fix():
 def test_too_little_memory_warns_with_the_fixes():
     (message,) = _warnings_of(load_recipe("a100-80gb"), DeviceInfo("cuda", "RTX 3070", 7.8, True))
     assert message.startswith("VRAM planner:") and "needs about" in message and "RTX 3070 has 7.8 GiB" in message
-    for fix in ("smaller preset", "max_completion_length", "generations", "vllm_gpu_memory_utilization", "4-bit"):
+    for fix in ("smaller preset", "max_completion_length", "vllm_gpu_memory_utilization", "4-bit"):
         assert fix in message
     (starved,) = _warnings_of(load_recipe("t4-16gb", vllm_gpu_memory_utilization=0.35), T4)
     assert "KV cache" in starved

@@ -162,7 +162,7 @@ _KILLED_EXPORT = textwrap.dedent(
     import os, signal, sys
     import grpo_kit.export as ex
 
-    def dying(base_path, adapter_dir, tokenizer, folder, dtype_name):
+    def dying(base_path, adapter_dir, tokenizer, folder):
         folder.mkdir(parents=True)
         with open(folder / "model.safetensors", "wb") as handle:
             handle.write(b"\\0" * 4096)  # half of the weights are on disk...
@@ -203,5 +203,5 @@ def test_staging_of_a_live_export_is_left_alone(tmp_path):
     other = tmp_path / ".xy.partial-999999999-abc"  # another export's name
     for folder in (live, dead, other):
         folder.mkdir()
-    assert remove_stale_staging(tmp_path, "x") == [dead]
+    remove_stale_staging(tmp_path, "x")
     assert live.is_dir() and other.is_dir() and not dead.exists()

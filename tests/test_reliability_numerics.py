@@ -244,4 +244,5 @@ def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir,
     message = str(info.value)
     assert "at step 2" in message and "learning rate" in message
     # step 1's update already broke the weights: checkpoint-1 is named as unusable, and --resume starts from step 0
-    assert "None of its checkpoints (checkpoint-1) can be resumed from" in message and "from step 0" in message
+    assert "No complete checkpoint in" in message and "(checkpoint-1 cannot be resumed from)" in message
+    assert "from step 0" in message

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
+from filelock import FileLock
 
 from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter, dumps_finite, read_metrics
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import LOCK_NAME, latest_checkpoint, prepare_run_dir, release_run_lock
+from grpo_kit.runs import LOCK_NAME, latest_checkpoint, prepare_run_dir, releases_run_locks
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
@@ -120,8 +124,10 @@ def fake_run(fake_checkpoint):
 
 
 def snapshot(folder) -> dict:
-    """Every file under ``folder`` with its bytes: equal snapshots mean nothing was changed, added or removed."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    """Every file under ``folder`` with its bytes: equal snapshots mean nothing was changed, added or removed (but
+    the lock file, which stays once a run has locked the folder: the OS lock is on it, not in it)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != LOCK_NAME}
 
 
 TINY_CLI = ["--preset", "cpu", "--data", "sample", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2",
@@ -168,9 +174,10 @@ def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, mak
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
     check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
     _poison(adapter, INF)
-    with pytest.raises(NumericsError, match="final adapter.*NaN/inf.*adapter.nonfinite"):
+    with pytest.raises(NumericsError, match="final adapter.*NaN/inf.*damaged-adapter.old-"):
         check_saved_adapter(adapter, run_dir, 4)
-    assert not adapter.exists() and (run_dir / "adapter.nonfinite" / "adapter_model.safetensors").is_file()
+    (aside,) = run_dir.glob("damaged-adapter.old-*")  # set aside, never deleted
+    assert not adapter.exists() and (aside / "adapter_model.safetensors").is_file()
 
 
 def test_an_exploded_adapter_is_neither_a_finished_run_nor_exported(tmp_path, tiny_model_dir, make_adapter, capsys):
@@ -181,7 +188,7 @@ def test_an_exploded_adapter_is_neither_a_finished_run_nor_exported(tmp_path, ti
     err = _cli_error(capsys, ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--out-dir",
                               str(tmp_path / "exports")])  # fmt: skip
     assert "weights beyond 1000" in err and tensor in err and not (tmp_path / "exports").exists()
-    with pytest.raises(NumericsError, match="final adapter.*beyond 1000.*adapter.nonfinite"):
+    with pytest.raises(NumericsError, match="final adapter.*beyond 1000.*damaged-adapter.old-"):
         check_saved_adapter(adapter, run_dir, 1)
 
 
@@ -213,12 +220,18 @@ def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_p
 # ------------------------------------------------------------------------------------------------ 4. run folder lock
 
 
-@pytest.fixture
-def other_process():
-    import subprocess
-    import sys
+def hold_run_lock(run_dir):
+    """Another process that takes ``run_dir``'s lock as ``train`` does, then sleeps (it holds the lock on return)."""
+    code = ("import sys, time; from pathlib import Path; from grpo_kit import runs; "
+            "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)")
+    process = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline() == "locked\n"
+    return process
 
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+@pytest.fixture
+def other_process(tmp_path):
+    process = hold_run_lock(tmp_path / "run")
     yield process
     process.kill()
     process.wait()
@@ -227,8 +240,6 @@ def other_process():
 def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_path, capsys, other_process,
                                                                            no_model_load, fake_checkpoint):
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / LOCK_NAME).write_text(str(other_process.pid))
     err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir)])
     assert f"PID {other_process.pid}" in err and "another --output" in err
     assert (run_dir / LOCK_NAME).read_text() == str(other_process.pid)  # the other run's lock is left alone
@@ -239,16 +250,12 @@ def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_p
 
 
 def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
     import grpo_kit.models as models
 
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
     run_dir = tmp_path / "run"
-    run_dir.mkdir()
-    (run_dir / LOCK_NAME).write_text(str(dead.pid))
+    killed = hold_run_lock(run_dir)
+    killed.kill()  # SIGKILL: no cleanup of its own ran; the OS dropped its lock
+    killed.wait()
     seen = []
 
     def stop_at_load(*args, **kwargs):  # the run got past the lock: record who holds it, then stop
@@ -256,12 +263,12 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
         raise GrpoKitError("stop here")
 
     monkeypatch.setattr(models, "load_model", stop_at_load)
-    with pytest.raises(GrpoKitError, match="stop here"):
-        train(load_recipe("cpu"), data="sample", output_dir=run_dir)
-    import os
-
-    assert seen == [str(os.getpid())]
-    assert not (run_dir / LOCK_NAME).exists()  # released when train() ended, even by an error
+    for _ in range(2):  # the second time: a notebook running its cell again after the error
+        with pytest.raises(GrpoKitError, match="stop here"):
+            train(load_recipe("cpu"), data="sample", output_dir=run_dir)
+    assert seen == [str(os.getpid())] * 2
+    with FileLock(run_dir / LOCK_NAME, blocking=False):  # free: released when train() ended, even by an error
+        pass
 
 
 # ------------------------------------------------------------------------------------------------ 5./6. checkpoints
@@ -272,9 +279,8 @@ def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fak
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 3, skip=[missing])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
-    with pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from checkpoint-2"):
+    with releases_run_locks(), pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from"):
         assert prepare_run_dir(tmp_path, resume=True).name == "checkpoint-2"
-    release_run_lock(tmp_path)
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
     assert (aside / "adapter_model.safetensors").is_file()  # kept, not deleted
 
@@ -291,9 +297,8 @@ def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 7])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
-    with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-checkpoint-3.old-"):
+    with releases_run_locks(), pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-"):
         assert prepare_run_dir(tmp_path, resume=True, is_main=True).name == "checkpoint-2"
-    release_run_lock(tmp_path)
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
     assert (aside / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
 
@@ -382,8 +387,8 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
     recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), max_steps=2, num_generations=2,
                          per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=8,
                          save_steps=1, logging_steps=1, few_shot=0, reward_funcs=["varied"], reward_weights=[1.0])
-    with pytest.raises(NumericsError, match="final adapter.*adapter.nonfinite") as info:
+    with pytest.raises(NumericsError, match="final adapter.*damaged-adapter.old-") as info:
         train(recipe, data="arithmetic", output_dir=run_dir, callbacks=(OverflowLastUpdate(),))
-    assert info.value.step == 2 and info.value.metric == "adapter"
-    assert not (run_dir / "adapter").exists() and (run_dir / "adapter.nonfinite").is_dir()
+    assert info.value.step == 2 and info.value.metric == "the final adapter"
+    assert not (run_dir / "adapter").exists() and len(list(run_dir.glob("damaged-adapter.old-*"))) == 1
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.rewards import RANGES, REWARDS, reward_functions, score_completions
+from grpo_kit.rewards import RANGES, REWARDS, reward_functions
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
@@ -34,6 +34,13 @@ def run(name, completion, answer=GOLD, prefill=None):
     scores = REWARDS[name](completions=[completion], **kwargs)
     assert isinstance(scores, list) and len(scores) == 1 and isinstance(scores[0], float)
     return scores[0]
+
+
+def score_all(completions, gold, names=BUILT_IN, prefill=""):
+    """Each completion's score under each reward in ``names`` (one gold and prefill for all), plus their sum."""
+    scores = [fn(completions, answer=gold, prefill=prefill) for fn in reward_functions(names)]
+    rows = [dict(zip(names, values, strict=True)) for values in zip(*scores, strict=True)]
+    return [{**row, "total": round(sum(row.values()), 6)} for row in rows]
 
 
 # ----------------------------------------------------------------------------------------------- correctness
@@ -167,8 +174,8 @@ def test_correctness_accepts_numeric_gold():
     ],
 )
 def test_wrong_empty_missing_and_absurd_score_strictly_lower_than_correct(bad):
-    correct = score_completions([GOOD], GOLD)[0]
-    other = score_completions([bad], GOLD)[0]
+    correct = score_all([GOOD], GOLD)[0]
+    other = score_all([bad], GOLD)[0]
     assert run("correctness", bad) < run("correctness", GOOD)
     assert other["total"] < correct["total"]
 
@@ -401,10 +408,10 @@ def test_scores_stay_within_the_documented_range(name):
 
 
 def test_the_best_completion_reaches_every_upper_bound():
-    best = score_completions([GOOD], GOLD)[0]
+    best = score_all([GOOD], GOLD)[0]
     for name, (_, high) in RANGES.items():
         assert best[name] == high, name
-    assert score_completions(["</answer></answer>" + "x" * 1000], GOLD)[0]["tag_count"] == RANGES["tag_count"][0]
+    assert score_all(["</answer></answer>" + "x" * 1000], GOLD)[0]["tag_count"] == RANGES["tag_count"][0]
 
 
 def test_format_rate_is_the_share_in_format():
@@ -423,8 +430,7 @@ def test_reward_functions_by_name():
 @pytest.mark.parametrize(
     ("names", "message"),
     [
-        (["correctnes"], "correctness, format, tag_count"),  # unknown: the valid names are listed
-        (["correctness", "bogus"], "Unknown reward 'bogus'"),
+        (["correctness", "bogus"], "cannot import module 'bogus'"),  # a recipe refuses it earlier (test_recipes)
         (["format", "format"], "named twice"),
         ([], "a list of names"),
         ("correctness,format", "a list of names"),
@@ -440,27 +446,22 @@ def test_reward_functions_errors(names, message):
         reward_functions(names)
 
 
-# ----------------------------------------------------------------------------------------------- score_completions
+# ----------------------------------------------------------------------------------------------- scoring a batch
 
 
-def test_score_completions_rows():
-    rows = score_completions([GOOD, "<answer>71</answer>"], [GOLD, GOLD], names=["correctness", "format"])
+def test_each_reward_scores_each_completion():
+    rows = score_all([GOOD, "<answer>71</answer>"], [GOLD, GOLD], names=["correctness", "format"])
     assert rows == [
         {"correctness": 2.0, "format": 0.5, "total": 2.5},
         {"correctness": 0.0, "format": 0.0, "total": 0.0},
     ]
 
 
-def test_score_completions_defaults_to_every_reward_and_broadcasts_gold_and_prefill():
-    rows = score_completions(["a</think><answer>72</answer>"], GOLD, prefill="<think>")
+def test_every_reward_takes_one_gold_and_one_prefill_for_all_completions():
+    rows = score_all(["a</think><answer>72</answer>"], GOLD, prefill="<think>")
     assert set(rows[0]) == set(BUILT_IN) | {"total"}
     assert rows[0]["format"] == 0.5 and rows[0]["correctness"] == 2.0
     assert rows[0]["total"] == pytest.approx(sum(v for k, v in rows[0].items() if k != "total"))
-
-
-def test_score_completions_rejects_unknown_names():
-    with pytest.raises(GrpoKitError, match="Unknown reward"):
-        score_completions([GOOD], GOLD, names=["nope"])
 
 
 def test_a_reward_from_a_module_beside_you_is_imported(tmp_path, monkeypatch):

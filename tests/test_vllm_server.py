@@ -116,15 +116,6 @@ def test_transformers_4bit_is_nf4_computing_in_the_run_dtype(fake_gpu, monkeypat
     assert quant.bnb_4bit_compute_dtype is torch.float16
 
 
-def test_4bit_without_bitsandbytes_names_the_install_command(monkeypatch):
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
-    seen = _record_transformers_load(monkeypatch)
-    with pytest.raises(GrpoKitError, match="pip install bitsandbytes==0.50.2"):
-        models.load_model(load_recipe("cpu", load_in_4bit=True))
-    assert seen == []
-
-
 def test_vllm_missing_on_the_transformers_backend_loads_without_it_and_says_so(monkeypatch, capsys):
     seen = _record_transformers_load(monkeypatch)
     monkeypatch.setitem(sys.modules, "vllm", None)
