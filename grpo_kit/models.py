@@ -207,9 +207,11 @@ class FastLanguageModel:
             return Unsloth.get_peft_model(model, **lora, use_gradient_checkpointing=use_gradient_checkpointing,
                                           random_state=random_state)
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from transformers import set_seed
 
         if getattr(model, "is_loaded_in_4bit", False):
             model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(use_gradient_checkpointing))
+        set_seed(random_state)  # as Unsloth's random_state: the LoRA A matrices start from the recipe's seed
         return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
 
 

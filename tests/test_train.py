@@ -121,6 +121,21 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     assert run_info["reward_names"] == ["toy_length", "format_rate"]
 
 
+def test_the_recipes_seed_decides_the_lora_initialisation(tiny_model_dir):
+    import torch
+
+    from grpo_kit.models import load_model
+
+    def lora_a(recipe):
+        return [p.detach().clone() for n, p in load_model(recipe)[0].named_parameters() if "lora_A" in n]
+
+    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir))
+    first = lora_a(recipe)
+    torch.rand(1000)  # what ran before (a notebook's earlier cells, an evaluation) must not change it
+    assert all(torch.equal(a, b) for a, b in zip(first, lora_a(recipe), strict=True))
+    assert not any(torch.equal(a, b) for a, b in zip(first, lora_a(recipe.replace(seed=1)), strict=True))
+
+
 def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
     """A reward written by the learner (in a notebook cell, say) is passed as a function, no registry involved."""
     recipe = _tiny_preset(tiny_model_dir, max_steps=1, reward_funcs=[toy_length], reward_weights=[2.0])
