@@ -196,7 +196,8 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
         if not any(m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")):
             raise
         raise numerics_error(trainer.state.global_step + 1, "the model's output (sampling probabilities)", "NaN/inf",
-                             run_dir) from error
+                             run_dir, detail=" Weights can overflow while finite: if --resume fails the same way, move "
+                             "the newest checkpoint out of the run folder and resume from the one before.") from error
 
 
 class ScheduleToMaxSteps(TrainerCallback):

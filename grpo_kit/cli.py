@@ -2,7 +2,7 @@
 
 Each sub-command's arguments are declared here; its work is done by a ``cli_*`` function in the module that owns
 the concern, imported only when that sub-command runs, so ``grpo-kit --help`` never imports torch.
-A ``GrpoKitError`` is printed as a plain message (exit status 2); any other exception keeps its traceback.
+A ``GrpoKitError`` or ``ImportError`` is printed as one line (exit status 2); other exceptions keep their traceback.
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader left: Python's documented recipe, stdout to devnull so the exit flush is quiet
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except GrpoKitError as error:
+    except (GrpoKitError, ImportError) as error:  # ImportError: a missing package (bitsandbytes ...), named in it
         print(f"grpo-kit: error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as stop:

@@ -192,10 +192,8 @@ def _flag(parser, key: str, value: Any, name: str) -> list[str]:
     if value is None:
         return []
     action = next(a for a in parser._actions if a.dest == key)
-    if action.nargs == "+":  # a list field: YAML list, or "a,b" from --set
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise GrpoKitError(f"Recipe {name}: {key} expects a list, e.g. {key}: [a, b], got {value!r}.")
+    if action.nargs == "+":  # a list field: YAML list, "a,b" from --set, or one value (a list of one)
+        items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
         return [f"--{key}", *map(_text, items)]
     if isinstance(value, (list, tuple, dict)) and action.type in (int, float, bool):
         raise GrpoKitError(f"Recipe {name}: {key} expects one value, got {value!r}.")

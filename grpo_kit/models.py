@@ -189,9 +189,9 @@ class FastLanguageModel:
             except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
                 if not fast_inference or vllm_off:
                     raise
-                raise GrpoKitError(f"vLLM's engine did not start ({_first_line(error)}). Restart the runtime to free "
-                                   "GPU memory, lower --set vllm_gpu_memory_utilization, or train without vLLM "
-                                   "(slower): --set use_vllm=false.") from error
+                raise GrpoKitError(f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
+                                   "the cause: restart the runtime to free GPU memory, lower --set "
+                                   "vllm_gpu_memory_utilization, or --set use_vllm=false (slower).") from error
         if vllm_off:
             model.vllm_engine = None  # without_failed_vllm reads this
         return model, tokenizer

@@ -42,8 +42,7 @@ _INTEGER = re.compile(
 
 
 def completion_text(completion: Any) -> str:
-    """The text of one completion: a string as is, a message list's last ``content``, anything else ``""``.
-    """
+    """The text of one completion: a string as is, a message list's last ``content``, anything else ``""``."""
     if isinstance(completion, str):
         return completion
     if isinstance(completion, (list, tuple)):

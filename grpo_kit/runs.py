@@ -27,15 +27,16 @@ from grpo_kit.errors import GrpoKitError
 #: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
 #: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
 MAX_ADAPTER_WEIGHT = 1e3
-#: Lock file in a run folder (an OS lock): holds the PID of the process training in it.
+#: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
 LOCK_NAME = ".grpo-kit.lock"
+PID_NAME = ".grpo-kit.pid"
 
 
 # --------------------------------------------------------------------------------------------- files and folders
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` (its folder made) through a sibling temporary file, so a reader never sees half of it."""
+    """Write ``text`` to ``path`` (folder made) through a sibling temporary file: a reader never sees half of it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
@@ -102,9 +103,9 @@ def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
     folder = Path(folder)
     if not folder.exists():
         return None
-    target = Path(tempfile.mkdtemp(prefix=f"{prefix}{folder.name}.old-{time.strftime('%Y%m%d-%H%M%S')}-",
-                                   dir=folder.parent))
-    os.rename(folder, target)  # onto the empty folder mkdtemp made for it: a name nothing else has
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"  # a name nothing else has (two in one second)
+    target = folder.with_name(f"{prefix}{folder.name}.old-{stamp}")
+    os.rename(folder, target)
     return target
 
 
@@ -207,10 +208,10 @@ def acquire_run_lock(run_dir: Path) -> None:
     try:
         lock.acquire()
     except Timeout:
-        holder = (run_dir / LOCK_NAME).read_text(encoding="utf-8").strip() or "?"  # written once it locked
+        holder = (run_dir / PID_NAME).read_text(encoding="utf-8").strip() or "?"  # written once it locked
         raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it "
                            f"to end, stop it (kill {holder}), or choose another --output.") from None
-    (run_dir / LOCK_NAME).write_text(str(os.getpid()), encoding="utf-8")
+    (run_dir / PID_NAME).write_text(str(os.getpid()), encoding="utf-8")
     _HELD_LOCKS[run_dir.resolve()] = lock
 
 
@@ -238,7 +239,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     if is_main:
         acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
     if not resume:
-        if any(item.name != LOCK_NAME for item in run_dir.iterdir()) if run_dir.exists() else False:
+        if any(item.name not in (LOCK_NAME, PID_NAME) for item in run_dir.iterdir()) if run_dir.exists() else False:
             raise GrpoKitError(f"Run folder {run_dir} already has files. Use --resume to continue it, or choose "
                                "another --output.")
         return None
@@ -251,7 +252,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
             return folder
         aside = set_aside(folder, prefix="damaged-") if is_main else None
         skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
-    earlier = sorted(item for item in run_dir.iterdir() if item.name != LOCK_NAME)
+    earlier = sorted(item for item in run_dir.iterdir() if item.name not in (LOCK_NAME, PID_NAME))
     if is_main and earlier:
         aside = Path(tempfile.mkdtemp(prefix=f"attempt.old-{time.strftime('%Y%m%d-%H%M%S')}-", dir=run_dir))
         for item in earlier:

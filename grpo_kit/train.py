@@ -2,7 +2,7 @@
 
 ``train`` is the sequence of calls notebook 00 shows cell by cell (open-r1's ``grpo.py`` is the model). What keeps a
 run safe plugs in around TRL, visibly: the run folder with its lock and resume (``runs``), and as trainer callbacks
-and reward wrappers, ``metrics.jsonl``, the numeric and reward guards and sampled completions (``callbacks``).
+and reward wrappers, ``metrics.jsonl`` and the numeric and reward guards (``callbacks``); TRL prints the samples.
 
     from grpo_kit.config import load_recipe
     from grpo_kit.train import train

@@ -84,3 +84,14 @@ def test_a_4bit_grpo_step_trains_the_lora_on_linear4bit_layers_and_its_exports_v
     config = json.loads((merged.path / "config.json").read_text())
     assert "quantization_config" not in config and config["dtype"] == "bfloat16" and merged.lora_effect > 0
     assert json.loads((merged.path.parent / "export.json").read_text())["base_model"] == "embedded:smollm2-135m"
+
+
+def test_4bit_without_bitsandbytes_is_one_line_naming_the_package(monkeypatch, tmp_path, capsys):
+    import transformers.quantizers.quantizer_bnb_4bit as quantizer
+
+    from grpo_kit.cli import main
+
+    monkeypatch.setattr(quantizer, "is_bitsandbytes_available", lambda: False)  # as on a machine without it
+    assert main(["train", "--preset", "cpu-4bit", "--data", "sample", "--output", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "requires bitsandbytes" in err and "pip install" in err and "Traceback" not in err

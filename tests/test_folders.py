@@ -143,7 +143,7 @@ def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
     run_dir = tmp_path / "run"
     with runs.releases_run_locks():
         assert runs.prepare_run_dir(run_dir, resume=False) is None
-        assert (run_dir / runs.LOCK_NAME).read_text() == str(os.getpid())
+        assert (run_dir / runs.PID_NAME).read_text() == str(os.getpid())
         assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell again
         with pytest.raises(Timeout):  # held: any other opener of the lock file is refused
             FileLock(run_dir / runs.LOCK_NAME, blocking=False).acquire()

@@ -366,7 +366,7 @@ def test_an_engine_that_fails_to_start_is_an_error_naming_the_fixes(fake_unsloth
     fake_unsloth.engine_error = RuntimeError("Engine core initialization failed. See root cause above.\nmore")
     with pytest.raises(GrpoKitError, match="RuntimeError: Engine core initialization failed") as error:
         models.load_model(load_recipe("a100-80gb"))
-    for fix in ("Restart the runtime", "--set vllm_gpu_memory_utilization", "--set use_vllm=false"):
+    for fix in ("restart the runtime", "--set vllm_gpu_memory_utilization", "--set use_vllm=false"):
         assert fix in str(error.value)
     assert [load["fast_inference"] for load in fake_unsloth.loads] == [True]  # not loaded again without vLLM
     assert _vllm_off_lines(capsys) == []

@@ -21,7 +21,7 @@ from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import LOCK_NAME, latest_checkpoint, prepare_run_dir, releases_run_locks
+from grpo_kit.runs import LOCK_NAME, PID_NAME, latest_checkpoint, prepare_run_dir, releases_run_locks
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
@@ -127,7 +127,7 @@ def snapshot(folder) -> dict:
     """Every file under ``folder`` with its bytes: equal snapshots mean nothing was changed, added or removed (but
     the lock file, which stays once a run has locked the folder: the OS lock is on it, not in it)."""
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != LOCK_NAME}
+            if p.is_file() and p.name not in (LOCK_NAME, PID_NAME)}
 
 
 TINY_CLI = ["--preset", "cpu", "--data", "sample", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2",
@@ -242,7 +242,7 @@ def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_p
     run_dir = tmp_path / "run"
     err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir)])
     assert f"PID {other_process.pid}" in err and "another --output" in err
-    assert (run_dir / LOCK_NAME).read_text() == str(other_process.pid)  # the other run's lock is left alone
+    assert (run_dir / PID_NAME).read_text() == str(other_process.pid)  # the other run's lock is left alone
 
     fake_checkpoint(run_dir, 1)  # a --resume while it runs is refused the same way
     err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir), "--resume"])
@@ -259,7 +259,7 @@ def test_lock_of_a_killed_process_does_not_block_and_the_lock_is_released(tmp_pa
     seen = []
 
     def stop_at_load(*args, **kwargs):  # the run got past the lock: record who holds it, then stop
-        seen.append((run_dir / LOCK_NAME).read_text())
+        seen.append((run_dir / PID_NAME).read_text())
         raise GrpoKitError("stop here")
 
     monkeypatch.setattr(models, "load_model", stop_at_load)
