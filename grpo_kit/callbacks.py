@@ -111,7 +111,7 @@ class GuardedReward:
             raise self._raised(error, where, completions) from error
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
-                text = _excerpt(completion_text(completions[index]), head=80, tail=0)
+                text = _excerpt(completion_text(completions[index]))
                 raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir, where=where,
                                      detail=f" (completion {index}: {text!r})")
         return scores
@@ -123,7 +123,7 @@ class GuardedReward:
             path = Path(self.run_dir) / "reward-error.txt"
             path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
             saved += f". Full traceback: {path}"
-        first = _excerpt(completion_text(completions[0]), head=80, tail=0) if completions else "n/a"
+        first = _excerpt(completion_text(completions[0])) if completions else "n/a"
         return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
                             f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
                             "function (it must return one float or None per completion, for any text) or leave it out "
@@ -265,14 +265,14 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
     return sum(values[:window]) / window, sum(values[-window:]) / window
 
 
-def _excerpt(text: str, head: int = 40, tail: int = 70) -> str:
-    """One line: the start and the end of ``text`` (where the answer tag is), newlines shown as ``⏎``.
+def _excerpt(text: str, length: int = 80) -> str:
+    """The start of ``text`` on one line for an error message, newlines shown as ``⏎``.
 
-    >>> _excerpt("x" * 50 + "<answer>4</answer>", head=5, tail=20)
-    'xxxxx … xx<answer>4</answer>'
+    >>> _excerpt("x" * 50 + "<answer>4</answer>", length=5)
+    'xxxxx …'
     """
     flat = text.replace("\n", "⏎")
-    return flat if len(flat) <= head + tail + 3 else flat[:head] + " … " + (flat[-tail:] if tail else "")
+    return flat if len(flat) <= length + 2 else flat[:length] + " …"
 
 
 # --------------------------------------------------------------------------------------------- data and adapters
