@@ -162,7 +162,7 @@ class Run:
         return f"build-{self.arch}" if self.kind == "build" else f"{self.kind}-{self.tier}-{self.arch}"
 
 
-#: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, about 30 minutes of GPU
+#: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, 15 minutes of device
 #: time in all, a cold machine after ~30 s idle). One device call per stage (``benchmarks/gpu_bundle.py calls``), each
 #: within ``STAGE_SECONDS``, each independent of the others. All under the T4 tier's 14.7 GiB cap: the real weights,
 #: the 1.5B fallback and its export; the 8B's GRPO steps; the 8B's export under the cap (Unsloth merges shard by
@@ -482,8 +482,8 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
 
     def fits(words: int) -> bool:
         try:
-            _, dropped = format_for_grpo(
-                dataset(words).select([0]), tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
+            _, dropped = format_for_grpo(  # the last row: its question number has the most digits
+                dataset(words).select([rows - 1]), tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
                 max_prompt_tokens=preset.kit.max_prompt_length,
             )
         except GrpoKitError:  # raised when every prompt is too long: here, the one probe row
@@ -495,6 +495,17 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
     return dataset(low)
+
+
+def distinct_words(completions, **kwargs) -> list[float]:
+    """The export runs' extra reward: distinct words per completion / 100, which varies within a group of random text.
+
+    >>> distinct_words([[{"role": "assistant", "content": "a b a"}], [{"role": "assistant", "content": "c"}]])
+    [0.02, 0.01]
+    """
+    from grpo_kit.rewards import completion_text
+
+    return [len(set(completion_text(c).split())) / 100 for c in completions]
 
 
 def make_timer():
@@ -584,6 +595,17 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
     steps = 1 if run.kind == "export" else spec["steps"]
     timer = make_timer()
     out = Path(spec["out"]) / "runs" / run.name
+    if run.kind == "export":
+        # A random model scores 0 on every reward: zero advantages, zero gradient, LoRA B stays 0 and the merge
+        # equals the base (the 2026-11-28 proof). A reward that varies within each group and one full-size step
+        # (no warm-up, lr 1e-2) give the adapter an effect above bf16's storage noise, so the weight check tests
+        # the merge itself.
+        preset = preset.replace(
+            reward_funcs=[*preset.kit.reward_funcs, "gpu_proof:distinct_words"],
+            reward_weights=[*(w for _, w in preset.rewards), 1.0],
+            learning_rate=1e-2,
+            warmup_steps=0,
+        )
     preset = preset.replace(
         max_steps=steps,
         # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
