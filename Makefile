@@ -37,9 +37,28 @@ demo: install
 demo-arithmetic: install
 	$(call demo_steps,--preset cpu-answers --data arithmetic,--data arithmetic --limit 100 --max-new-tokens 40)
 
-test: install
+# The real Unsloth for `make test` (tests/test_real_unsloth.py), in its CPU-only CI mode: the pinned unsloth and
+# unsloth_zoo (requirements-colab.txt's pins) without their CUDA-only requirements (xformers, vLLM), triton (Unsloth
+# imports it; ~1 GB) and the packages they import on a CPU. They go to a folder of their own, $(UNSLOTH_DIR), that only
+# `pytest -m real_unsloth` puts on sys.path (tests/conftest.py): the kit's commands, `make demo` and the other tests
+# run without them (torchao, for one, is imported by PEFT wherever it is installed).
+UNSLOTH_DIR := $(VENV)/unsloth-cpu
+UNSLOTH_PINS = $(shell grep -E '^unsloth(_zoo)?==' requirements-colab.txt)
+UNSLOTH_CPU_DEPS := triton==3.9.0 torchao==0.18.0 cut-cross-entropy==25.1.1 tyro==1.0.17 typer==0.29.2 \
+	structlog==26.1.0 msgspec==0.22.0 hf_transfer==0.1.9 nest-asyncio==1.6.0 sentencepiece==0.2.3 einops==0.8.2 \
+	docstring_parser==0.18.0 typeguard==4.6.1 shtab==1.13.0
+UNSLOTH_STAMP := $(VENV)/.grpo-kit-unsloth-installed
+
+$(UNSLOTH_STAMP): $(STAMP) requirements-colab.txt
+	$(PIP) install --quiet --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
+	touch $(UNSLOTH_STAMP)
+
+# Two pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, so its tests run apart
+# (tests/conftest.py deselects them from the first run).
+test: install $(UNSLOTH_STAMP)
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
 	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_unsloth tests
 
 test-fast: install
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests grpo_kit --doctest-modules -m "not slow"

@@ -160,17 +160,25 @@ def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
 
 
 class NumericsGuard(TrainerCallback):
-    """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward (under fp16, only
-    after 3 non-finite grad_norm logs in a row: its loss scaler skips such steps on purpose)."""
+    """Stop training with a ``NumericsError`` when a log has a NaN/inf loss, grad_norm or reward.
+
+    Under fp16 a non-finite grad_norm with a finite loss is the loss scaler at work: it skips the step (the weights
+    stay as they were) and halves its scale. PyTorch's ``GradScaler`` starts at 2**16, so a healthy run can skip up to
+    16 steps in a row before its first finite grad_norm (a T4's first steps); after that, 3 in a row stop the run.
+    """
+
+    #: fp16: the most non-finite grad_norm logs in a row before the first finite one (16 halvings of 2**16, then 1).
+    FP16_START = 17
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
-        self.run_dir, self.bad_grad_norms = run_dir, 0
+        self.run_dir, self.bad_grad_norms, self.scaler_settled = run_dir, 0, False
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         bad = non_finite(logs or {})
         grad = [item for item in bad if item[0] == "grad_norm"]
         self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
-        patience = 3 if args.fp16 else 1
+        self.scaler_settled = self.scaler_settled or ("grad_norm" in (logs or {}) and not grad)
+        patience = (3 if self.scaler_settled else self.FP16_START) if args.fp16 else 1
         fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
         if fatal:
             raise numerics_error(state.global_step, *fatal[0], self.run_dir)

@@ -218,6 +218,9 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     refuse_unless("use_peft", True, "grpo-kit trains LoRA adapters")
     refuse_unless("remove_unused_columns", False, "the rewards read the answer column")
     defaults: dict[str, Any] = {"use_peft": True, "logging_nan_inf_filter": False}  # a NaN loss must reach the guard
+    # TRL's default upper clip (epsilon_high = epsilon), written out: Unsloth's GRPOConfig sets 0.28 where it is unset
+    # and loss_type is dapo, so a recipe silent on it would clip differently on a GPU than on a CPU.
+    defaults["epsilon_high"] = values.get("epsilon") or _trl_default("epsilon")
     if torch.cuda.is_available():
         from grpo_kit.models import gpu_has_bf16
 
@@ -226,6 +229,12 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     else:  # a GPU tier's recipe still parses here (presets, planner); planner.check_device refuses to train it
         defaults.update(bf16=False, use_cpu=True, gradient_checkpointing=False)  # checkpointing only slows a CPU
     return defaults
+
+
+def _trl_default(field_name: str) -> Any:
+    import trl
+
+    return trl.GRPOConfig.__dataclass_fields__[field_name].default
 
 
 #: Values TRL accepts without complaint that cannot be meant: field -> (test, what the value must be).

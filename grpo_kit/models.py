@@ -69,19 +69,21 @@ def set_torch_threads() -> None:
 def prepare_backend(backend: str) -> str:
     """The loader for ``backend`` ("auto"|"unsloth"|"transformers"); Unsloth is imported NOW, before TRL.
 
-    ``auto``: transformers without a GPU (Unsloth cannot even be imported there), else Unsloth. Why now: Unsloth
-    patches at import, rebinding ``trl.GRPOTrainer`` and ``GRPOConfig`` to its subclasses (its shared vLLM engine, no
-    bf16 cast of 4-bit LoRA weights, which breaks fp16 on a T4); a class taken from ``trl`` earlier stays the plain
-    one, so look it up as ``trl.GRPOTrainer`` afterwards.
+    ``auto``: Unsloth on a GPU, else transformers. Why now: Unsloth patches at import, rebinding ``trl.GRPOTrainer``
+    and ``GRPOConfig`` to its subclasses (its shared vLLM engine, no bf16 cast of 4-bit LoRA weights, which breaks
+    fp16 on a T4); a class taken from ``trl`` earlier stays the plain one, so look it up as ``trl.GRPOTrainer``
+    afterwards. Without a GPU Unsloth runs only in its CPU-only CI mode (``UNSLOTH_ALLOW_CPU=1``), where ``auto`` and
+    ``unsloth`` import it too: its import then leaves TRL alone, so its trainers are patched in here. Its loader
+    still needs a GPU (``make test`` stands in for it: tests/test_real_unsloth.py).
     """
     import torch
 
-    cuda = torch.cuda.is_available()
-    if backend == "unsloth" and not cuda:
+    cpu_mode = not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
+    if backend == "unsloth" and not torch.cuda.is_available() and not cpu_mode:
         raise GrpoKitError("backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this "
                            "machine use --set backend=auto or --set backend=transformers (plain transformers + PEFT).")
     if backend == "auto":
-        backend = "unsloth" if cuda else "transformers"
+        backend = "unsloth" if torch.cuda.is_available() or cpu_mode else "transformers"
     if backend == "unsloth":
         try:
             import unsloth  # noqa: F401  (the import is the patch)
@@ -89,6 +91,12 @@ def prepare_backend(backend: str) -> str:
             raise GrpoKitError(f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU "
                                "stack (pip install -r requirements-colab.txt) and restart the runtime, or use plain "
                                "transformers + PEFT: --set backend=transformers (slower, more memory).") from error
+        import trl
+
+        if cpu_mode and not trl.GRPOTrainer.__name__.startswith("Unsloth"):
+            from unsloth.models.rl import patch_trl_rl_trainers
+
+            patch_trl_rl_trainers()  # what Unsloth's import does on a GPU
     return backend
 
 
@@ -103,7 +111,7 @@ def _first_line(error: BaseException) -> str:
 def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
     shows (``FastLanguageModel`` below), in the precision the run trains in (``bf16``/``fp16``, else float32) unless
-    the recipe sets ``dtype``. Where vLLM cannot be imported, ``without_failed_vllm`` turns it off."""
+    the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported is turned off."""
     g, m = recipe.grpo, recipe.model
     if g.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
         prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
@@ -131,12 +139,21 @@ def _vllm_import_error() -> str | None:
     return None
 
 
-def without_failed_vllm(recipe, model):
-    """The recipe the trainer gets for ``model``: ``use_vllm`` off when ``load_model`` had to load it without vLLM
-    (else TRL would start an engine of its own, or Unsloth's trainer look for the one that is missing)."""
-    if recipe.vllm_colocated and getattr(model, "vllm_engine", "none needed") is None:
-        return recipe.replace(use_vllm=False)
-    return recipe
+def without_missing_vllm(recipe):
+    """``recipe`` with ``use_vllm`` off, and one "vLLM off:" line saying why, where it asks for Unsloth's colocated
+    vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The run then generates
+    with Unsloth/transformers (slower, same recipe), and a resumed run goes on from its checkpoint the same. Decided
+    before the model loads and never marked on the model: Unsloth's trainer turns ``use_vllm`` back on for any model
+    that has a ``vllm_engine`` attribute, even ``None``, and TRL then stops with an ImportError."""
+    if not recipe.vllm_colocated:
+        return recipe
+    backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
+    if (error := _vllm_import_error()) is None:
+        return recipe
+    print(f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same recipe). To "
+          "use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) and restart the "
+          "runtime.", flush=True)
+    return recipe.replace(use_vllm=False)
 
 
 def release_vllm(model) -> bool:
@@ -157,11 +174,9 @@ def release_vllm(model) -> bool:
 class FastLanguageModel:
     """Unsloth's ``FastLanguageModel`` on every machine: notebook 00 and ``load_model`` make these two calls.
 
-    On the Unsloth backend (a GPU) they are Unsloth's own, plus what keeps a Colab run going: when vLLM cannot be
-    imported (Colab's CUDA 12 torch: the installer skips it), the model loads without it, with one "vLLM off:" line
-    and ``model.vllm_engine = None`` (``without_failed_vllm`` then gives the trainer ``use_vllm=False``; a resumed run
-    goes on from its checkpoint the same). An engine that fails to start is an error naming the fixes, not a silent
-    slower run. Elsewhere (a CPU, ``backend="transformers"``) the same arguments load with transformers + PEFT.
+    On the Unsloth backend (a GPU) they are Unsloth's own; an engine that fails to start is an error naming the
+    fixes, not a silent slower run (vLLM that cannot be imported at all: ``without_missing_vllm``, before loading).
+    Elsewhere (a CPU, ``backend="transformers"``) the same arguments load with transformers + PEFT.
     """
 
     @staticmethod
@@ -171,11 +186,6 @@ class FastLanguageModel:
 
         backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
         name = None if dtype is None else str(dtype).removeprefix("torch.")  # transformers takes the name ("auto" too)
-        vllm_off = fast_inference and _vllm_import_error()  # after prepare_backend: Unsloth first
-        if vllm_off:
-            print(f"vLLM off: it cannot be imported ({vllm_off}). Generation uses {backend}'s generate (slower, same "
-                  "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
-                  "and restart the runtime.", flush=True)
         if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
             model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
         else:  # Unsloth takes a torch dtype (None or "auto": it picks)
@@ -183,17 +193,15 @@ class FastLanguageModel:
                           load_in_4bit=load_in_4bit, max_lora_rank=max_lora_rank,
                           gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5)
             try:
-                model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference and not vllm_off)
+                model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference)
             # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
             # missing CUDA library); a TypeError or AttributeError is a bug, and passes through as it is.
             except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
-                if not fast_inference or vllm_off:
+                if not fast_inference:
                     raise
                 raise GrpoKitError(f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
                                    "the cause: restart the runtime to free GPU memory, lower --set "
                                    "vllm_gpu_memory_utilization, or --set use_vllm=false (slower).") from error
-        if vllm_off:
-            model.vllm_engine = None  # without_failed_vllm reads this
         return model, tokenizer
 
     @staticmethod
@@ -416,14 +424,18 @@ def _quantize_embedded(plain: Path, folder: Path) -> None:
 
 
 def ensure_logprob_kernel() -> None:
-    """Install ``TorchChunkedLogProb`` where TRL's Triton kernel is missing (every CPU build of PyTorch).
+    """Install ``TorchChunkedLogProb`` where TRL's Triton kernel cannot run: without Triton (every CPU build of
+    PyTorch), or without a GPU (Triton installed for Unsloth's CPU mode, as ``make test`` does).
 
-    Without it TRL 1.15's first step fails with ``'NoneType' object has no attribute 'apply'``. TRL 1.16 has its own
-    fallback, but Unsloth 2026.10.7 pins TRL 1.15.0.
+    Without it TRL 1.15's first step fails with ``'NoneType' object has no attribute 'apply'``, or with Triton's "0
+    active drivers". TRL 1.16 has its own fallback, but Unsloth 2026.10.7 pins TRL 1.15.0.
     """
+    import torch
     from trl.trainer import utils
 
-    if getattr(utils, "_ChunkedLogProbFunction", object()) is None:
+    if hasattr(utils, "_ChunkedLogProbFunction") and (
+        utils._ChunkedLogProbFunction is None or not torch.cuda.is_available()
+    ):
         utils._ChunkedLogProbFunction = TorchChunkedLogProb
 
 

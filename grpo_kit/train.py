@@ -78,6 +78,7 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     recipe = recipe.replace(output_dir=str(run_folder(recipe, output_dir)))
     if curriculum is not None and "shuffle_dataset" not in recipe.values:  # TRL's shuffling would undo the order
         recipe = recipe.replace(shuffle_dataset=False)
+    recipe = models.without_missing_vllm(recipe)  # a colocated vLLM that cannot be imported here: off, and said so
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
@@ -107,8 +108,6 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
 
     # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
     policy, tokenizer = models.load_model(recipe)
-    recipe = models.without_failed_vllm(recipe, policy)  # vLLM missing: load_model said so
-    config = recipe.grpo
 
     # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
     train_set, n_long = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,45 @@ os.environ.setdefault("GRPO_KIT_THREADS", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+#: The marker of the tests that run the real Unsloth (tests/test_real_unsloth.py).
+REAL_UNSLOTH = "real_unsloth"
+
+
+def pytest_configure(config):
+    """``pytest -m real_unsloth``: the real Unsloth, in its CPU-only CI mode, imported first, as on a GPU.
+
+    Unsloth patches transformers, TRL and PEFT for the whole process when it is imported, so its tests run in a
+    pytest process of their own (``make test`` runs two) and the other tests never see it. ``make test`` installs it
+    and its CPU dependencies in ``.venv/unsloth-cpu``, which only this process puts on ``sys.path``. Its compiled files
+    go to a temporary folder, not the checkout; its torch.compile pass is off (on 2 CPU cores it spends about a minute
+    tracing the first step: benchmarks/bench_real_unsloth.py).
+    """
+    if config.option.markexpr.strip() != REAL_UNSLOTH:
+        return
+    packages = Path(sys.prefix) / "unsloth-cpu"  # where `make test` installs Unsloth and its CPU dependencies
+    if packages.is_dir():
+        sys.path.insert(0, str(packages))
+    os.environ["UNSLOTH_ALLOW_CPU"] = "1"
+    os.environ.setdefault("UNSLOTH_COMPILE_LOCATION", tempfile.mkdtemp(prefix="unsloth-compiled-"))
+    os.environ.setdefault("UNSLOTH_COMPILE_DISABLE", "1")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+    try:
+        import unsloth  # noqa: F401  before transformers, TRL and PEFT, as the kit imports it on a GPU
+    except ImportError as error:
+        raise pytest.UsageError(f"-m real_unsloth needs the real Unsloth ({error}): `make test` installs it in "
+                                f"{packages}.") from error
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without ``-m real_unsloth`` the real-Unsloth tests are left out (deselected, not skipped): see above."""
+    if config.option.markexpr.strip() == REAL_UNSLOTH:
+        return
+    keep = [item for item in items if item.get_closest_marker(REAL_UNSLOTH) is None]
+    if len(keep) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item not in keep])
+        items[:] = keep
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -61,6 +61,8 @@ def test_cuda12_torch_gets_no_vllm_with_the_reason_and_a_cuda12_xformers():
 
 def test_other_torch_versions_choose_their_own_vllm_or_none():
     assert _vllm(_plan(torch="2.13.0+cu130")) == "0.31.0"
+    assert "vllm-bnb-plugin" in _pins(_plan(torch="2.13.0+cu130"))  # vLLM >= 0.28 loads 4-bit weights through it
+    assert "vllm-bnb-plugin" not in _pins(_plan())  # vLLM 0.26 still has bitsandbytes in its tree
     assert _vllm(_plan(torch="2.12.0+cu130")) is None  # no vLLM pins torch 2.12
     older = _plan(torch="2.9.1+cu128", cuda="12.8")
     assert _vllm(older) is None and "xformers" not in _pins(older)  # 0.0.35 needs torch >= 2.10: pip picks

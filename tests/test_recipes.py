@@ -142,28 +142,6 @@ def test_values_no_run_can_mean_are_refused(changes, message):
         load_recipe("cpu", **changes)
 
 
-@pytest.mark.parametrize("name", ["t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
-def test_a_gpu_recipe_trains_the_same_config_under_unsloths_grpoconfig_defaults(name, monkeypatch):
-    """Unsloth's GRPOConfig (what ``trl.GRPOConfig`` is once it is imported) changes two defaults: the vLLM
-    importance-sampling correction off, and epsilon_high left unset so its trainer sets 0.28 for an explicit dapo.
-    A GPU recipe sets both, so a GPU runs the config the CPU tests check."""
-    import dataclasses
-
-    plain = load_recipe(name).grpo
-
-    @dataclasses.dataclass
-    class UnslothGRPOConfig(trl.GRPOConfig):  # Unsloth 2026.10.7, unsloth/models/rl.py: the replaced defaults
-        vllm_importance_sampling_correction: bool = False
-        epsilon_high: float | None = None
-
-    monkeypatch.setattr(trl, "GRPOConfig", UnslothGRPOConfig)
-    patched = load_recipe(name).grpo
-    assert isinstance(patched, UnslothGRPOConfig)
-    for field in ("vllm_importance_sampling_correction", "epsilon_high", "mask_truncated_completions", "loss_type"):
-        assert getattr(patched, field) == getattr(plain, field), field
-    assert patched.epsilon_high is not None  # Unsloth's trainer would otherwise choose it
-
-
 @pytest.mark.parametrize("field", ["load_in_8bit", "use_dora", "bnb_4bit_quant_type", "attn_implementation"])
 def test_a_model_field_the_loader_would_ignore_is_refused_not_dropped(field):
     value = {"load_in_8bit": True, "use_dora": True, "bnb_4bit_quant_type": "fp4", "attn_implementation": "eager"}

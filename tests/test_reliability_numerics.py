@@ -74,11 +74,17 @@ def test_guard_points_at_the_last_complete_checkpoint(tmp_path, fake_checkpoint)
 
 
 def test_grad_norm_patience_under_fp16_loss_scaling():
-    # fp16's loss scaler skips steps with inf gradients on purpose: a few in a row are normal, not a failure.
+    # fp16's loss scaler skips steps with inf gradients on purpose (transformers logs the unscaled norm, inf; the loss
+    # stays finite): at the start, while its 2**16 scale halves, up to 16 in a row are normal, not a failure.
+    guard = NumericsGuard()
+    for step in range(1, 17):
+        guard.on_log(_args(fp16=True), _state(step), None, logs={"loss": 0.1, "grad_norm": INF})
+    with pytest.raises(NumericsError, match="grad_norm is inf at step 17"):  # at scale 1 an overflow is real
+        guard.on_log(_args(fp16=True), _state(17), None, logs={"loss": 0.1, "grad_norm": INF})
     guard = NumericsGuard()
     guard.on_log(_args(fp16=True), _state(1), None, logs={"grad_norm": INF})
     guard.on_log(_args(fp16=True), _state(2), None, logs={"grad_norm": INF})
-    guard.on_log(_args(fp16=True), _state(3), None, logs={"grad_norm": 1.0})  # the streak is broken
+    guard.on_log(_args(fp16=True), _state(3), None, logs={"grad_norm": 1.0})  # the scale has settled
     guard.on_log(_args(fp16=True), _state(4), None, logs={"grad_norm": NAN})
     guard.on_log(_args(fp16=True), _state(5), None, logs={"grad_norm": NAN})
     with pytest.raises(NumericsError, match="grad_norm is nan at step 6"):
