@@ -8,7 +8,7 @@ and the median of the later steps.
     .venv/bin/python benchmarks/bench_real_unsloth.py                  # the tiny random Llama the tests use
     .venv/bin/python benchmarks/bench_real_unsloth.py --model embedded # SmolLM2-135M (slower)
 
-Needs the real Unsloth in .venv (``make test`` installs it).
+Needs the real Unsloth in .venv/unsloth-cpu (``make test`` installs it there).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+#: Where ``make test`` installs Unsloth and its CPU dependencies (the Makefile's UNSLOTH_DIR).
+UNSLOTH_DIR = os.path.join(sys.prefix, "unsloth-cpu")
 CONFIGS = {  # name -> environment of its process
     "trl": {},
     "unsloth": {"UNSLOTH_ALLOW_CPU": "1", "UNSLOTH_COMPILE_DISABLE": "1", "TORCHDYNAMO_DISABLE": "1"},
@@ -104,7 +106,8 @@ def main() -> int:
     print(f"{'config':<18} {'trainer':<20} {'import s':>8} {'first step s':>12} {'median later s':>14}")
     for name in args.configs.split(","):
         with tempfile.TemporaryDirectory() as cache:  # Unsloth's compiled files, never the checkout
-            env = {**os.environ, **CONFIGS[name], "UNSLOTH_COMPILE_LOCATION": cache}
+            env = {**os.environ, **CONFIGS[name], "UNSLOTH_COMPILE_LOCATION": cache,
+                   "PYTHONPATH": os.pathsep.join(filter(None, (UNSLOTH_DIR, os.environ.get("PYTHONPATH"))))}
             done = subprocess.run([sys.executable, __file__, "--child", name, "--model", args.model, "--steps",
                                    str(args.steps)], capture_output=True, text=True, env=env, cwd=cache)
         line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)

@@ -74,35 +74,67 @@ def default_name(adapter_dir: Path) -> str:
 # --------------------------------------------------------------------------------------------- the checks
 
 
-def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
-    """Check ``(label, got, expected, base)`` tensors (``got`` None when the export lacks it): each finite, within
-    ``rtol * max |expected|`` of ``expected``, and closer to it than to ``base`` where the adapter's effect is above the
-    noise. ``GrpoKitError`` naming the first failures."""
-    problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
-    for label, got, expected, base in items:
+#: Values per block of rows the weight checks read at once (64 MiB in float32): an 8B model's 525M-value embedding
+#: is never whole in host memory, in any dtype (a free Colab has ~12.7 GB of RAM).
+BLOCK_VALUES = 2**24
+
+
+@dataclass
+class _Tally:
+    """One tensor's comparison, added up block by block."""
+
+    diff: float = 0.0  # max |got - expected|
+    scale: float = 0.0  # max |expected|
+    change: float = 0.0  # max |expected - base|: the adapter's effect
+    sums: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sum |got - expected|, |got - base|, |expected - base|
+    count: int = 0
+    problem: str = ""
+
+    def add(self, label: str, got, expected, base) -> None:
+        if self.problem:
+            return
         if got is None or got.numel() != expected.numel():
-            problems.append(f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not "
+            self.problem = (f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not "
                             f"{expected.numel()}")
-            continue
+            return
         got = got.float().reshape(expected.shape)
         if bad := [what for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
                    if not bool(torch.isfinite(t).all())]:
-            problems.append(f"{label}: NaN/inf in {' and '.join(bad)}")
+            self.problem = f"{label}: NaN/inf in {' and '.join(bad)}"
+            return
+        diff, to_base, change = (got - expected).abs(), (got - base).abs(), (expected - base).abs()
+        self.diff, self.change = max(self.diff, float(diff.max())), max(self.change, float(change.max()))
+        self.scale = max(self.scale, float(expected.abs().max()))
+        self.sums = tuple(a + float(b.sum()) for a, b in zip(self.sums, (diff, to_base, change), strict=True))
+        self.count += expected.numel()
+
+
+def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
+    """Check ``(label, got, expected, base)`` tensors (``got`` None when the export lacks it): each finite, within
+    ``rtol * max |expected|`` of ``expected``, and closer to it than to ``base`` where the adapter's effect is above the
+    noise. Consecutive items with the same label are blocks of rows of one tensor, checked as that tensor: host memory
+    holds one block at a time (``BLOCK_VALUES``). ``GrpoKitError`` naming the first failures."""
+    tallies: dict[str, _Tally] = {}
+    for label, got, expected, base in items:
+        tallies.setdefault(label, _Tally()).add(label, got, expected, base)
+    problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
+    for label, t in tallies.items():
+        if t.problem:
+            problems.append(t.problem)
             continue
-        diff, change = (got - expected).abs(), (expected - base).abs()
-        limit = rtol * float(expected.abs().max())
-        worst = max(worst or (0.0, limit), (float(diff.max()), limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
-        if not float(diff.max()) <= limit:
-            problems.append(f"{label}: max |d| {float(diff.max()):.3g} exceeds the limit {limit:.3g}")
-        if float(change.max()) == 0.0:
+        limit = rtol * t.scale
+        worst = max(worst or (0.0, limit), (t.diff, limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
+        if not t.diff <= limit:
+            problems.append(f"{label}: max |d| {t.diff:.3g} exceeds the limit {limit:.3g}")
+        if t.change == 0.0:
             continue  # not touched by the LoRA (most weight tensors)
-        effect = max(effect, float(change.max()))
-        to_tuned.append(float(diff.mean()))
-        to_base.append(float((got - base).abs().mean()))
+        effect = max(effect, t.change)
+        to_tuned.append(t.sums[0] / t.count)
+        to_base.append(t.sums[1] / t.count)
         # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
         # (the smaller distance): below that, rounding can erase the effect for real (a q8_0 block's step is 1/254 of
         # its largest weight, more than a short run's LoRA moves most weights), which is a note, not a broken export.
-        if float(change.mean()) < 2 * min(to_tuned[-1], to_base[-1]):
+        if t.sums[2] / t.count < 2 * min(to_tuned[-1], to_base[-1]):
             lost += 1
         elif not to_tuned[-1] < to_base[-1]:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
@@ -119,7 +151,7 @@ def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportR
 
 def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     """``{base tensor name: function returning scale * B @ A}``, kept as the rank-r factors until asked for (the full
-    deltas of an 8B model at once would not fit in a Colab's RAM)."""
+    deltas of an 8B model at once would not fit in a Colab's RAM); ``delta(rows=slice(a, b))`` gives rows a to b."""
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
         raise GrpoKitError("The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
@@ -127,8 +159,8 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
     weights = _tensors(adapter_dir)  # memory-mapped, a factor read when its delta is asked for
 
-    def delta(a_key: str):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D) layers
-        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")][...].float() @ weights[a_key][...].float())
+    def delta(a_key: str, rows: slice = slice(None)):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D)
+        return scale * (weights[a_key.replace(".lora_A.", ".lora_B.")][...][rows].float() @ weights[a_key][...].float())
 
     return {_base_name(key): functools.partial(delta, key) for key in weights if ".lora_A." in key}
 
@@ -138,20 +170,46 @@ def _base_name(lora_a_key: str) -> str:
     return f"{lora_a_key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight"
 
 
-def _tensors(folder: Path) -> dict[str, Any]:
-    """``{tensor name: safetensors slice}`` of a checkpoint folder, sharded or not: ``.get_shape()`` from the header,
-    ``[...]`` reads the values (``[:]`` fails on a 0-dim tensor). Files are memory-mapped, a tensor read when asked for.
-    The index names the shards: a Hub snapshot may also hold a ``consolidated.safetensors`` (Mistral)."""
+@dataclass(frozen=True)
+class _Stored:
+    """One tensor of a safetensors file: ``get_shape()`` from the header, ``[...]`` all of it, ``[a:b]`` rows a to b
+    (``[:]`` fails on a 0-dim tensor). Each read maps the file for that read alone, so the pages it touched leave the
+    process's memory with it (a handle kept open holds every page read through it: gigabytes for an 8B's shards)."""
+
+    file: Path
+    name: str
+    shape: tuple[int, ...]
+
+    def get_shape(self) -> list[int]:
+        return list(self.shape)
+
+    def __getitem__(self, index):
+        with safe_open(str(self.file), framework="pt") as handle:
+            return handle.get_slice(self.name)[index]
+
+
+def _tensors(folder: Path) -> dict[str, _Stored]:
+    """``{tensor name: _Stored}`` of a checkpoint folder, sharded or not. The index names the shards: a Hub snapshot
+    may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
     files = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()) if index.is_file() else [
         path.name for path in folder.glob("*.safetensors")]
     found = {}
     for file in sorted(files):
-        handle = safe_open(str(folder / file), framework="pt")
-        found.update({name: handle.get_slice(name) for name in handle.keys()})
+        with safe_open(str(folder / file), framework="pt") as handle:
+            found.update({name: _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
+                          for name in handle.keys()})
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
+
+
+def _blocks(shape) -> list[slice]:
+    """Row ranges of a tensor of ``shape``, ``BLOCK_VALUES`` values at most each (one for a 0- or 1-dim tensor)."""
+    if len(shape) < 2:
+        return [slice(None)]
+    step = max(1, BLOCK_VALUES // max(1, int(torch.Size(shape[1:]).numel())))
+    return [slice(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
 
 
 def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind: str) -> ExportResult:
@@ -164,16 +222,18 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     else:
         files = _tensors(path)
 
-        def read_export(name):  # None when missing, as gguf_tensors' read()
-            return files[name][...] if name in files else None
+        def read_export(name, rows=slice(None)):  # None when missing, as gguf_tensors' read()
+            return files[name][rows] if name in files else None
 
         entries = {name: (name, functools.partial(read_export, name)) for name in base_files
                    if name in files or name != "lm_head.weight"}  # a tied head may be left out: its embedding is here
 
-    def items():
+    def items():  # block by block: never a whole large tensor in float32
         for name, (label, read) in entries.items():
-            base = base_files[name][...].float()
-            yield label, read(), base + deltas[name]() if name in deltas else base, base
+            stored = base_files[name]
+            for rows in _blocks(stored.shape):
+                base = stored[rows if stored.shape else ...].float()
+                yield label, read(rows), base + deltas[name](rows) if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
     return compare(fmt, items(), gguf_files.WEIGHT_RTOL[kind], path=path,

@@ -57,8 +57,8 @@ def write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None
 
 def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     """``{hf name: (gguf name, read)}`` for the embedding, the final norm and the first and last block of a GGUF file;
-    ``read()`` dequantizes one tensor into the Hugging Face layout (transformers' own tensor processor undoes llama's
-    q/k row order), or returns None when the file lacks it."""
+    ``read(rows)`` dequantizes rows of one tensor (all by default) into the Hugging Face layout (transformers' own
+    tensor processor undoes llama's q/k row order), or returns None when the file lacks it."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     reader = gguf.GGUFReader(str(path))
@@ -68,11 +68,14 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     processor = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)(config=config)
     stored = {tensor.name: tensor for tensor in reader.tensors}
 
-    def read(gguf_name):
+    def read(gguf_name, rows=slice(None)):
         if (tensor := stored.get(gguf_name)) is None:
             return None
-        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
-        return torch.tensor(processor.process(values, gguf_name).weights)
+        # Rows a to b alone (the file is memory-mapped), except llama's q/k, whose row order is undone over all rows.
+        whole = ".attn_q." in gguf_name or ".attn_k." in gguf_name
+        values = gguf.quants.dequantize(tensor.data if whole else tensor.data[rows], tensor.tensor_type)
+        weights = torch.tensor(processor.process(values, gguf_name).weights)
+        return weights[rows] if whole else weights
 
     layers, wanted = config["num_hidden_layers"], {}
     names = gguf.get_tensor_name_map(arch, layers)
