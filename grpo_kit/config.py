@@ -14,6 +14,7 @@ CPU, LoRA on) it fills it in only when the recipe left it unset, and refuses a r
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import json
 import math
@@ -220,7 +221,8 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     defaults: dict[str, Any] = {"use_peft": True, "logging_nan_inf_filter": False}  # a NaN loss must reach the guard
     # TRL's default upper clip (epsilon_high = epsilon), written out: Unsloth's GRPOConfig sets 0.28 where it is unset
     # and loss_type is dapo, so a recipe silent on it would clip differently on a GPU than on a CPU.
-    defaults["epsilon_high"] = values.get("epsilon") or _trl_default("epsilon")
+    with contextlib.suppress(TypeError, ValueError):  # an epsilon that is no number is refused by TRL's parser
+        defaults["epsilon_high"] = float(values.get("epsilon", _trl_default("epsilon")))
     if torch.cuda.is_available():
         from grpo_kit.models import gpu_has_bf16
 

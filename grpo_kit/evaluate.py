@@ -368,9 +368,15 @@ def evaluate_harness(model: str, dataset, *, adapter: str | os.PathLike | None =
 # ------------------------------------------------------------------------------------------------ chat and the CLI
 
 
+#: The prompt a model was trained with, in each export folder (``write_prompt``): where ``eval --model``, ``chat
+#: --model`` and a user's own code (the model card says how) find it.
+PROMPT_FILE = "prompt.json"
+
+
 def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[str, dict[str, Any]]:
     """``(base model, prompt settings)`` for ``adapter``: ``model``, else the base its run recorded (``run.json``,
-    else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with."""
+    else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with:
+    its run's recipe, else the ``prompt.json`` of an exported adapter or model folder."""
     from grpo_kit.runs import read_run_info
 
     recipe = read_run_info(Path(adapter).resolve().parent).get("recipe") or {} if adapter else {}
@@ -378,8 +384,21 @@ def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[
     if adapter and not model:
         model = recipe.get("model_name_or_path") or (
             json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path") if config.is_file() else None)
+    exported = next((Path(folder) / PROMPT_FILE for folder in (adapter, model) if folder), None)
+    if not recipe and exported and exported.is_file():
+        recipe = json.loads(exported.read_text(encoding="utf-8"))
     settings = {"few_shot": 0, "prefill": "", "system_prompt": None}
     return model or "embedded", {key: recipe.get(key, default) for key, default in settings.items()}
+
+
+def write_prompt(folder: Path, settings: dict[str, Any]) -> None:
+    """``folder/prompt.json``: the training prompt's settings (``run_settings``), and for any other code the chat
+    messages that come before the question (system prompt, worked examples) and the text the reply starts with."""
+    from grpo_kit.data import build_messages
+
+    messages = build_messages("", system_prompt=settings["system_prompt"], few_shot=settings["few_shot"])[:-1]
+    record = {**settings, "messages_before_question": messages, "reply_starts_with": settings["prefill"]}
+    (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = "", system_prompt: str | None = None,

@@ -37,6 +37,7 @@ from safetensors import safe_open
 from grpo_kit import gguf as gguf_files
 from grpo_kit import models, runs
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.evaluate import PROMPT_FILE, run_settings, write_prompt
 
 FORMATS = ("lora", "merged16", "gguf")
 
@@ -335,7 +336,16 @@ def model_card(info: Mapping[str, Any]) -> str:
                      f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`"}
     lines += [f"- {r['note']}" for r in formats if r["note"]] + ["", "## How to load", ""]
     lines += [f"- {kind}: {usage[kind]}" for kind in FORMATS if kind in kinds]
-    lines += ["", "Prompt it as in training: `<think> reasoning </think><answer> number </answer>`."]
+    lines += ["", "## How to prompt it", ""]
+    if prompt := info.get("prompt"):
+        lines += [f"As in training: the system prompt and {prompt['few_shot']} worked example(s) before the question, "
+                  f"and the reply started with {prompt['prefill']!r}. `grpo-kit eval --model` and `grpo-kit chat "
+                  f"--model` read them from `{PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
+                  "", "```python", "import json", "", f'prompt = json.load(open("merged16/{PROMPT_FILE}"))',
+                  'messages = prompt["messages_before_question"] + [{"role": "user", "content": question}]',
+                  "text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)",
+                  'text += prompt["reply_starts_with"]  # the model goes on from there', "```", ""]
+    lines += ["It answers as `<think> reasoning </think><answer> number </answer>`."]
     return "\n".join(lines) + "\n"
 
 
@@ -396,6 +406,8 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
     evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
+    # The prompt it trained with (its run's recipe, or the prompt.json of an exported adapter), for each folder.
+    prompt = run_settings(None, adapter_dir)[1] if run.get("recipe") or (adapter_dir / PROMPT_FILE).is_file() else None
     trained_on = base_model or trained_base(adapter_dir, run)
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
@@ -409,7 +421,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
     tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    check_space(base_path, out_dir, name, wanted, gguf_types, unsloth_copy=by_unsloth)
+    check_space(base_path, out_dir, name, wanted, gguf_types, by_unsloth=by_unsloth)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
     if base_dir:
         check_base(adapter_dir, base_dir, trained_on)
@@ -422,6 +434,8 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                     shutil.copy2(item, staging / "lora" / item.name)
                 tokenizer.save_pretrained(staging / "lora")
                 results.append(check_lora(staging / "lora", adapter_dir))
+                if prompt:
+                    write_prompt(staging / "lora", prompt)
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
@@ -442,11 +456,14 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                 else:
                     _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16")
                 results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
+                if prompt:
+                    write_prompt(staging / "merged16", prompt)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             info = {"name": name, "base_model": merge_base, "base_model_note": note,
                     "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
                     "run": run or None, "steps": training_steps(adapter_dir), "evals": evals, "repo": push_to_hub,
+                    "prompt": prompt,
                     "formats": [r.to_dict(relative_to=target) for r in results]}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
@@ -455,7 +472,7 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
         raise GrpoKitError(f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
                            f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
-                           "its 16-bit size, plus Unsloth's merged copy on a GPU) or choose another --out-dir, then "
+                           "its 16-bit size; `export_sizes` lists each file) or choose another --out-dir, then "
                            "run the export again.") from None
     for result in results:
         print_fn(str(result) + (f"\n  note: {result.note}" if result.note else ""))
@@ -464,20 +481,48 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     return results
 
 
-def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, unsloth_copy: bool) -> None:
-    """Refuse an export that would not fit on the disk of ``out_dir``, before minutes of loading and merging: an 8B
-    model's merged16 is 16 GB, its q4_k_m GGUF 5 GB, and Unsloth's route writes a merged copy of its own first (the
-    free disk of a Colab runtime is 75-80 GB). Unknown model sizes are not checked."""
+def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, by_unsloth: bool) -> dict[str, int]:
+    """Refuse an export that would not fit on the disk of ``out_dir``, before a byte is written, counting every file
+    it writes or downloads (``export_sizes``); the message names the biggest item and what to drop. Unknown model
+    sizes are not checked. Returns the items counted."""
     from grpo_kit.colab import check_fits
+
+    sizes = export_sizes(base_path, wanted, gguf_types, by_unsloth=by_unsloth)
+    if sizes:
+        biggest = max(sizes, key=sizes.get)
+        drop = ("--format lora alone takes megabytes" if biggest.startswith(("merged16", "gguf")) else
+                "export on a machine that has the 16-bit base in its Hugging Face cache, or export fewer formats")
+        check_fits(sizes, out_dir, what=f"the export {name}", fix=f"Nothing was written. The biggest item is {biggest} "
+                   f"({sizes[biggest] / 1e9:.1f} GB): {drop}; or export fewer formats (one --gguf-type), free disk "
+                   "space, or choose another --out-dir.")
+    return sizes
+
+
+def export_sizes(base_path: str, wanted, gguf_types, *, by_unsloth: bool) -> dict[str, int]:
+    """Bytes of every file an export of a model like ``base_path`` writes or downloads, by name: the formats, the
+    16-bit base its weight check reads (a download unless it is a folder or cached), Unsloth's 16-bit merge when no
+    merged16 is kept (GGUF is converted from that one merge) and llama.cpp's 16-bit GGUF before quantizing. Empty when
+    the model's size is unknown or nothing is merged (a LoRA alone takes megabytes).
+
+    >>> {k: round(v / 1e9, 1) for k, v in export_sizes("unsloth/Meta-Llama-3.1-8B-Instruct", ["lora", "merged16",
+    ...     "gguf"], ["q4_k_m"], by_unsloth=True).items()}  # doctest: +NORMALIZE_WHITESPACE
+    {'merged16': 16.1, 'gguf q4_k_m': 4.9, "llama.cpp's 16-bit GGUF before quantizing (removed afterwards)": 16.1,
+     'the 16-bit base for the weight check (download to the Hugging Face cache)': 16.1}
+    """
     from grpo_kit.planner import shape_for
 
     if (shape := shape_for(base_path)) is None or not (gguf_types or "merged16" in wanted):
-        return
-    sizes = {f"gguf {kind}": int(shape.params * gguf_files.GGUF_BYTES[kind]) for kind in gguf_types}
-    sizes.update({"merged16": 2 * shape.params} if "merged16" in wanted else {})
-    sizes.update({"Unsloth's merged copy (removed afterwards)": 2 * shape.params} if unsloth_copy else {})
-    check_fits(sizes, out_dir, what=f"the export {name}", fix="Nothing was written. Export fewer formats (--format "
-               "lora takes megabytes; one --gguf-type), free disk space, or choose another --out-dir.")
+        return {}
+    half = 2 * shape.params
+    sizes = {"merged16": half} if "merged16" in wanted else {}
+    sizes.update({f"gguf {kind}": int(shape.params * gguf_files.GGUF_BYTES[kind]) for kind in gguf_types})
+    if gguf_types and "merged16" not in wanted:
+        sizes["Unsloth's 16-bit merge for llama.cpp (removed afterwards)"] = half
+    if gguf_types and "f16" not in gguf_types:
+        sizes["llama.cpp's 16-bit GGUF before quantizing (removed afterwards)"] = half
+    if not Path(base_path).is_dir() and not gguf_files.base_cached(base_path):
+        sizes["the 16-bit base for the weight check (download to the Hugging Face cache)"] = half
+    return sizes
 
 
 def cli_export(args) -> int:

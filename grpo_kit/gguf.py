@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import importlib.util
 import json
 import shutil
@@ -101,6 +102,17 @@ def local_base(base_path: str) -> Path:
     return Path(snapshot_download(base_path, allow_patterns=["*.json", "*.safetensors", "tokenizer*"]))
 
 
+def base_cached(base_path: str) -> bool:
+    """True when the Hugging Face cache already holds ``base_path``'s weights (``local_base`` then downloads nothing)."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(base_path, allow_patterns=["*.safetensors"], local_files_only=True)
+    except (LocalEntryNotFoundError, OSError, ValueError):
+        return False
+    return any(Path(folder).glob("*.safetensors"))
+
+
 def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Sequence[str], *, merged16: bool,
                 load_in_4bit: bool, say) -> dict[str, Path]:
     """Unsloth's savers, in one child process under ``scratch``: ``{"merged16" and/or each GGUF type: path}``.
@@ -109,6 +121,7 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
     which must be the one the checks compare with. The child's output goes to ``say`` line by line (a conversion
     takes minutes); its last 40 lines go into the error when it fails.
     """
+    scratch = scratch.resolve()  # the child works in it: every path it is given must be absolute
     adapter = shutil.copytree(adapter_dir, scratch / "adapter")
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base_path}))
@@ -116,7 +129,10 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
             "types": list(gguf_types), "merged16": merged16, "load_in_4bit": load_in_4bit}
     tail: collections.deque[str] = collections.deque(maxlen=40)
     command = [sys.executable, "-m", "grpo_kit.gguf", json.dumps(spec)]
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as child:
+    # In scratch: llama.cpp's 16-bit GGUF is written to the working directory before quantizing (counted by the
+    # space check; removed with scratch), never into the folder the export was started from.
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
+                          cwd=scratch) as child:
         try:
             for line in (raw.rstrip("\n") for raw in child.stdout):
                 tail.append(line)
@@ -135,7 +151,7 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
         kind = gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
         found.setdefault(kind, Path(shutil.move(path, scratch / path.name)))  # out of the folders removed next
     for folder in result["folders"]:  # the merged checkpoint and llama.cpp's leftovers (GBs), wherever they went
-        if scratch.name in Path(folder).name:
+        if scratch.name in Path(folder).name and Path(folder) != found.get("merged16"):  # merged16 is kept
             shutil.rmtree(folder, ignore_errors=True)
     if missing := [t for t in gguf_types if t not in found]:
         raise GrpoKitError(f"Unsloth's save_pretrained_gguf ran but returned no .gguf file of type {missing}. "
@@ -154,6 +170,15 @@ def _child(spec: dict) -> None:
     report = {"merged16": spec["out"] + "-merged16", "gguf_files": [], "folders": []}
     if spec["merged16"]:  # unsloth_zoo's merge_and_overwrite_lora: each 16-bit shard + LoRA, one at a time
         model.save_pretrained_merged(report["merged16"], tokenizer, save_method="merged_16bit")
+    if spec["types"] and spec["merged16"]:
+        # One merge per export: a model that is not PEFT and was loaded from a folder is converted from that folder
+        # (unsloth/save.py, _gguf_reuses_loaded_checkpoint), where a PEFT model would be merged again (16 GB for an
+        # 8B). Loaded in 4 bit: llama.cpp reads the 16-bit files on disk, the GPU only needs room for the load.
+        del model
+        gc.collect()
+        torch.cuda.empty_cache()
+        model, tokenizer = FastLanguageModel.from_pretrained(model_name=report["merged16"], load_in_4bit=True,
+                                                             dtype=getattr(torch, half_dtype_name()))
     if spec["types"]:
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
         report["gguf_files"] = [str(p) for p in result.get("gguf_files") or []]

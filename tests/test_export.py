@@ -107,6 +107,31 @@ def test_every_cpu_format_round_trips(run_dir, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
 
 
+def test_an_export_carries_the_training_prompt_where_eval_and_chat_find_it(run_dir, tmp_path, monkeypatch, capsys):
+    """The run trained with one worked example and the prefill "<think>\\n": each exported folder records them, so
+    `grpo-kit eval --model <merged16>` and `--adapter <lora>` prompt as in training, and other code can (model card)."""
+    import grpo_kit.evaluate as evaluate
+    from grpo_kit.data import build_messages
+
+    export(run_dir / "adapter", ("lora", "merged16"), out_dir=tmp_path, name="x")
+    trained = {"few_shot": 1, "prefill": "<think>\n", "system_prompt": None}
+    for folder in ("lora", "merged16"):
+        record = json.loads((tmp_path / "x" / folder / "prompt.json").read_text())
+        assert {key: record[key] for key in trained} == trained and record["reply_starts_with"] == "<think>\n"
+        assert record["messages_before_question"] == build_messages("q", few_shot=1)[:-1]  # system + 1 example
+    assert evaluate.run_settings(str(tmp_path / "x" / "merged16"), None)[1] == trained
+    assert evaluate.run_settings(None, tmp_path / "x" / "lora")[1] == trained
+    assert "prompt.json" in (tmp_path / "x" / "README.md").read_text()
+
+    seen = []
+    monkeypatch.setattr("grpo_kit.models.load_inference_model", lambda base, adapter: (base, adapter))
+    monkeypatch.setattr(evaluate, "evaluate", lambda model, tokenizer, dataset, **kw: seen.append(kw) or EvalResult(
+        0.0, 0.0, 1.0, 1.0, n=1, seed=0, protocol="p"))
+    main(["eval", "--model", str(tmp_path / "x" / "merged16"), "--data", "sample", "--limit", "2"])
+    assert (seen[0]["few_shot"], seen[0]["prefill"]) == (1, "<think>\n")
+    assert "few_shot=1, prefill='<think>\\n'" in capsys.readouterr().out
+
+
 @pytest.mark.slow
 def test_merge_that_drops_the_lora_fails_verification(run_dir, tmp_path, monkeypatch):
     """The classic bug: the merged model is just the base. Verification must refuse it and write nothing."""
@@ -227,11 +252,27 @@ def test_an_export_that_would_not_fit_on_the_disk_is_refused_before_anything_loa
 
     monkeypatch.setattr(colab.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12, 1000))
     monkeypatch.setattr(export_module, "_write_merged16", lambda *a: pytest.fail("a model was merged"))
-    with pytest.raises(GrpoKitError, match=r"Not enough space for the export tiny: merged16 .*Nothing "
-                                           r"was written\. Export fewer formats"):
+    with pytest.raises(GrpoKitError, match=r"Not enough space for the export tiny: merged16 .*Nothing was written\. "
+                                           r"The biggest item is merged16 .*--format lora alone"):
         export(run_dir / "adapter", ("merged16",), out_dir=tmp_path / "exports", name="tiny")
     assert not any((tmp_path / "exports").iterdir())
-    export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], unsloth_copy=False)  # MBs
+    export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], by_unsloth=False)  # MBs
+
+
+def test_the_space_check_counts_every_file_of_the_notebooks_8b_export_once():
+    """Notebook 00's default on a T4 (lora, merged16, q4_k_m GGUF of Llama-3.1-8B, by Unsloth): one 16-bit merge (the
+    GGUF is converted from merged16), llama.cpp's 16-bit GGUF before quantizing, and the 16-bit base the weight check
+    reads, downloaded unless cached. Without merged16, Unsloth's own merge is counted instead."""
+    from grpo_kit.planner import LLAMA_31_8B
+
+    model = "unsloth/Meta-Llama-3.1-8B-Instruct"
+    sizes = export_module.export_sizes(model, ("lora", "merged16", "gguf"), ["q4_k_m"], by_unsloth=True)
+    half = 2 * LLAMA_31_8B.params
+    assert sorted(sizes.values()) == sorted([half, int(0.61 * LLAMA_31_8B.params), half, half])
+    assert sum(sizes.values()) < 55e9  # 53.1 GB: the second merge (16 GB) of before is gone
+    alone = export_module.export_sizes(model, ("gguf",), ["q4_k_m"], by_unsloth=True)
+    assert "merged16" not in alone and sum(alone.values()) == sum(sizes.values())  # Unsloth's merge, removed after
+    assert export_module.export_sizes(model, ("lora",), [], by_unsloth=True) == {}
 
 
 def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path):

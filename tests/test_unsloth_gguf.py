@@ -33,16 +33,19 @@ def _log(record):
 
 
 class _Merged:
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, loaded_from=None):
+        self.model, self.loaded_from = model, loaded_from  # loaded_from: a folder, for a model that is not PEFT
 
     def save_pretrained_gguf(self, save_directory, tokenizer, quantization_method="fast_quantized"):
-        _log({"save_directory": str(save_directory), "quantization_method": quantization_method})
+        _log({"save_directory": str(save_directory), "quantization_method": quantization_method,
+              "converts": self.loaded_from or "a new merge"})
         if os.environ.get("FAKE_UNSLOTH_CRASH"):
             raise RuntimeError("Unsloth: GGUF conversion failed: llama-quantize is missing")
-        save = Path(save_directory)
-        save.mkdir(parents=True)
-        (save / "model.safetensors").write_bytes(b"stand-in for the merged 16-bit checkpoint")
+        Path("llama.cpp-f16-intermediate.gguf").write_bytes(b"written to the working directory")
+        save = Path(self.loaded_from or save_directory)
+        if not self.loaded_from:  # a PEFT model is merged again; a folder's own model is converted as it is
+            save.mkdir(parents=True)
+            (save / "model.safetensors").write_bytes(b"stand-in for the merged 16-bit checkpoint")
         gguf_dir = Path(f"{save_directory}_gguf")
         gguf_dir.mkdir()
         (gguf_dir / "Modelfile").write_text("FROM ./model.gguf\\n")
@@ -73,6 +76,10 @@ class FastLanguageModel:
         from peft import PeftModel
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        if not (Path(model_name) / "adapter_config.json").is_file():  # a merged folder: loaded as it is
+            _log({"model_name": model_name, "load_in_4bit": load_in_4bit, "plain": True})
+            return _Merged(AutoModelForCausalLM.from_pretrained(model_name), loaded_from=model_name), \
+                AutoTokenizer.from_pretrained(model_name)
         base = json.loads((Path(model_name) / "adapter_config.json").read_text())["base_model_name_or_path"]
         _log({"model_name": model_name, "load_in_4bit": load_in_4bit, "dtype": str(dtype), "base": base})
         model = AutoModelForCausalLM.from_pretrained(base)
@@ -176,10 +183,14 @@ def test_on_a_gpu_every_merged_format_comes_from_one_unsloth_child_loaded_as_the
     assert sorted(p.name for p in (target / "gguf").iterdir()) == ["Modelfile", "t4-f16.gguf", "t4-q8_0.gguf"]
     assert sorted(p.name for p in out.iterdir()) == ["t4"]  # no scratch folder left
     calls = fake_unsloth()
-    loads = [c for c in calls if "base" in c]
-    assert len(loads) == 1 and loads[0]["load_in_4bit"]  # one child, one load, one merge for every GGUF type
-    assert [c.get("save_method") or c.get("quantization_method") for c in calls if "base" not in c] == [
-        "merged_16bit", ["q8_0", "f16"]]
+    adapter_loads = [c for c in calls if "base" in c]
+    assert len(adapter_loads) == 1 and adapter_loads[0]["load_in_4bit"]  # the adapter, loaded as the run trained
+    merges = [c for c in calls if c.get("save_method") == "merged_16bit"]
+    (gguf_call,) = [c for c in calls if "quantization_method" in c]
+    # One merge: the GGUF types are converted from the merged folder, loaded again as a plain model (in 4 bit)
+    assert len(merges) == 1 and gguf_call["converts"] == merges[0]["save_directory"]
+    assert gguf_call["quantization_method"] == ["q8_0", "f16"]
+    assert [c["load_in_4bit"] for c in calls if c.get("plain")] == [True]
 
 
 def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_model_dir, tmp_path, fake_unsloth,
