@@ -7,6 +7,12 @@ peak resident memory. The last line is ``peak_rss_over_baseline_gib=X``: the pro
 before the check (the imports). A free Colab VM has ~12.7 GB of RAM in all.
 
     .venv/bin/python benchmarks/export_memory.py
+    .venv/bin/python benchmarks/export_memory.py --layers 2   # a whole export instead (below)
+
+``--layers N``: a model of Llama-3.1-8B's shapes with N of its 32 decoder layers (the real vocabulary, random
+weights, saved in bfloat16) and a random rank-32 LoRA on every projection, exported as ``lora,merged16`` through
+``grpo_kit.export.export`` on the CPU (PEFT's float32 merge, then the check): disk written, peak RSS, time, and the
+per-layer figures scaled to 32 layers.
 """
 
 from __future__ import annotations
@@ -69,10 +75,59 @@ def check(root: Path) -> None:
     print(f"peak_rss_over_baseline_gib={peak - baseline:.2f}")
 
 
+def write_layers(root: Path, layers: int) -> None:
+    """root/base (Llama-3.1-8B's shapes, ``layers`` decoder layers, bfloat16, the embedded model's tokenizer) and
+    root/run/adapter (a rank-32 LoRA on every projection, B random so the merge changes the weights)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from grpo_kit.models import embedded_model_path
+
+    config = LlamaConfig(vocab_size=EMBEDDING[0], hidden_size=EMBEDDING[1], intermediate_size=MLP[0],
+                         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device="cpu").to(torch.bfloat16)
+    for param in model.parameters():
+        torch.nn.init.normal_(param, std=0.02)
+    model.save_pretrained(root / "base")
+    AutoTokenizer.from_pretrained(embedded_model_path()).save_pretrained(root / "base")
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    peft = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=RANK, target_modules=targets))
+    for name, param in peft.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.01)
+    peft.save_pretrained(root / "run" / "adapter")
+    (root / "run" / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(root / "base")}}))
+
+
+def export_whole(root: Path, layers: int) -> None:
+    """In its own process: ``export(lora, merged16)``, its disk, peak RSS and time, and 32 layers by scaling."""
+    from grpo_kit.export import export
+
+    baseline, start = memory_gib("VmRSS"), time.perf_counter()
+    export(root / "run" / "adapter", ("lora", "merged16"), out_dir=root / "exports", name="x")
+    seconds, peak = time.perf_counter() - start, memory_gib("VmHWM")
+    written = {f.name: sum(p.stat().st_size for p in f.rglob("*") if p.is_file()) for f in (root / "exports" / "x").iterdir()
+               if f.is_dir()}
+    print(f"{layers} layers: export lora,merged16 in {seconds:.0f} s; written {', '.join(f'{k} {v / 1e9:.2f} GB' for k, v in written.items())}; "
+          f"peak RSS {peak:.2f} GiB ({peak - baseline:.2f} over the {baseline:.2f} before)")
+
+
 def main() -> int:
     if len(sys.argv) == 3 and sys.argv[1] == "--check":
         check(Path(sys.argv[2]))
         return 0
+    if len(sys.argv) == 4 and sys.argv[1] == "--export":
+        export_whole(Path(sys.argv[2]), int(sys.argv[3]))
+        return 0
+    if len(sys.argv) == 3 and sys.argv[1] == "--layers":
+        with tempfile.TemporaryDirectory() as tmp:
+            write_layers(Path(tmp), int(sys.argv[2]))
+            return subprocess.run([sys.executable, __file__, "--export", tmp, sys.argv[2]]).returncode
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         write_models(Path(tmp))
