@@ -84,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out-dir", default="exports", help="parent folder of exports")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")
     p.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repo (token from HF_TOKEN)")
+    p.add_argument("--check-answers", type=int, default=0, metavar="N", help="also compare merged16's answers with "
+                   "base + adapter's on N bundled questions (loads both models, one after the other)")
     p.set_defaults(handler=("export", "cli_export"))
 
     p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")

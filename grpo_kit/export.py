@@ -334,7 +334,13 @@ def model_card(info: Mapping[str, Any]) -> str:
              "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`',
              "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
                      f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`"}
-    lines += [f"- {r['note']}" for r in formats if r["note"]] + ["", "## How to load", ""]
+    lines += [f"- {r['note']}" for r in formats if r["note"]]
+    if info.get("answers"):
+        lines += ["", "The merged model's answers next to base + adapter's (greedy, the training prompt, the kit's "
+                  "bundled held-out questions):", "", "| model | n | strict acc. | format rate |", "|---|---|---|---|"]
+        lines += [f"| {label} | {m['n']} | {100 * m['accuracy_strict']:.1f} % | {100 * m['format_rate']:.1f} % |"
+                  for label, m in info["answers"].items()]
+    lines += ["", "## How to load", ""]
     lines += [f"- {kind}: {usage[kind]}" for kind in FORMATS if kind in kinds]
     lines += ["", "## How to prompt it", ""]
     if prompt := info.get("prompt"):
@@ -387,14 +393,34 @@ def _check_target(target: Path, overwrite: bool) -> None:
                            "--name.")
 
 
+def check_answers(folder: Path, base: str, adapter_dir: Path, prompt: dict, questions: int,
+                  max_new_tokens: int) -> dict[str, dict]:
+    """The merged model's answers next to base + adapter's, greedy, under the training prompt, on ``questions`` of the
+    kit's bundled held-out questions: ``{"base + adapter": metrics, "merged16": metrics}``. The weight check cannot
+    see a saved config, tokenizer or chat template that changes how the model answers; this can."""
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.evaluate import evaluate
+
+    dataset, found = load_gsm8k("sample", split="test", limit=questions), {}
+    for label, (model_id, adapter) in {"base + adapter": (base, adapter_dir), "merged16": (str(folder), None)}.items():
+        model, tokenizer = models.load_inference_model(model_id, adapter)  # one at a time: an 8B is 16 GB in 16 bit
+        found[label] = evaluate(model, tokenizer, dataset, max_new_tokens=max_new_tokens, progress=False, label=label,
+                                **prompt).to_dict()
+        del model
+    return found
+
+
 def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
            out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q4_k_m",
-           overwrite: bool = False, push_to_hub: str | None = None, print_fn=lambda line: None) -> list[ExportResult]:
+           overwrite: bool = False, push_to_hub: str | None = None, answers: int = 0,
+           print_fn=lambda line: None) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
     ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
-    the run's evaluations (``read_evals``) go into the model card. Returns one ``ExportResult`` per folder or file
-    written (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
+    the run's evaluations (``read_evals``) go into the model card. ``answers=N``: merged16's answers are also compared
+    with base + adapter's on N bundled questions (``check_answers``; it loads both models, one after the other), into
+    export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
+    one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
     from grpo_kit.callbacks import check_adapter, dumps_finite
 
@@ -458,12 +484,16 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                 results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
                 if prompt:
                     write_prompt(staging / "merged16", prompt)
+            answered = None
+            if answers and prompt and "merged16" in wanted:
+                length = int((run.get("recipe") or {}).get("max_completion_length") or 256)
+                answered = check_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             info = {"name": name, "base_model": merge_base, "base_model_note": note,
                     "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
                     "run": run or None, "steps": training_steps(adapter_dir), "evals": evals, "repo": push_to_hub,
-                    "prompt": prompt,
+                    "prompt": prompt, "answers": answered,
                     "formats": [r.to_dict(relative_to=target) for r in results]}
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
@@ -476,6 +506,9 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                            "run the export again.") from None
     for result in results:
         print_fn(str(result) + (f"\n  note: {result.note}" if result.note else ""))
+    for label, m in (answered or {}).items():
+        print_fn(f"answers of {label}: format {100 * m['format_rate']:.1f} %, strict accuracy "
+                 f"{100 * m['accuracy_strict']:.1f} % (n={m['n']}, the training prompt)")
     if push_to_hub:
         print_fn(f"uploaded {target} to {push_folder(target, push_to_hub)}")
     return results
@@ -526,7 +559,10 @@ def export_sizes(base_path: str, wanted, gguf_types, *, by_unsloth: bool) -> dic
 
 
 def cli_export(args) -> int:
+    if args.check_answers < 0:
+        raise GrpoKitError(f"--check-answers takes a number of questions, 0 or more (got {args.check_answers}).")
     models.set_torch_threads()
     export(args.adapter, args.format, base_model=args.model, out_dir=args.out_dir, name=args.name,
-           gguf_type=args.gguf_type, overwrite=args.overwrite, push_to_hub=args.push_to_hub, print_fn=print)
+           gguf_type=args.gguf_type, overwrite=args.overwrite, push_to_hub=args.push_to_hub, answers=args.check_answers,
+           print_fn=print)
     return 0

@@ -29,7 +29,8 @@ def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     make_adapter(tiny_model_dir, run / "adapter")
     info = {  # as grpo_kit.runs.write_run_info writes it: the recipe's flat values
         "recipe": {"name": "cpu", "model_name_or_path": str(tiny_model_dir), "lora_r": 4, "lora_alpha": 8,
-                   "few_shot": 1, "prefill": "<think>\n", "num_generations": 4, "learning_rate": 5e-4, "max_steps": 12},
+                   "few_shot": 1, "prefill": "<think>\n", "num_generations": 4, "learning_rate": 5e-4, "max_steps": 12,
+                   "max_completion_length": 16},
         "data": "sample",
         "reward_names": ["tag_progress", "correctness"],
         "versions": {"trl": "1.15.0"},
@@ -133,6 +134,20 @@ def test_an_export_carries_the_training_prompt_where_eval_and_chat_find_it(run_d
 
 
 @pytest.mark.slow
+def test_an_export_can_compare_the_merged_models_answers_with_base_plus_adapter(run_dir, tmp_path, capsys):
+    """`grpo-kit export --format merged16 --check-answers 2`: both models answer the same 2 bundled questions under
+    the training prompt; the numbers go to export.json, the model card and the output."""
+    assert main(["export", "--adapter", str(run_dir / "adapter"), "--format", "merged16", "--out-dir", str(tmp_path),
+                 "--name", "a", "--check-answers", "2"]) == 0
+    answers = json.loads((tmp_path / "a" / "export.json").read_text())["answers"]
+    assert list(answers) == ["base + adapter", "merged16"] and {m["n"] for m in answers.values()} == {2}
+    assert all("few_shot=1, prefill='<think>\\n'" in m["protocol"] for m in answers.values())  # the run's prompt
+    assert "| merged16 | 2 |" in (tmp_path / "a" / "README.md").read_text()
+    assert "answers of merged16: format" in capsys.readouterr().out
+    assert main(["export", "--adapter", str(run_dir / "adapter"), "--check-answers", "-1"]) == 2
+    assert "--check-answers takes a number" in capsys.readouterr().err
+
+
 def test_merge_that_drops_the_lora_fails_verification(run_dir, tmp_path, monkeypatch):
     """The classic bug: the merged model is just the base. Verification must refuse it and write nothing."""
 
