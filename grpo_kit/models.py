@@ -80,8 +80,9 @@ def prepare_backend(backend: str) -> str:
 
     cpu_mode = not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
     if backend == "unsloth" and not torch.cuda.is_available() and not cpu_mode:
-        raise GrpoKitError("backend='unsloth' needs a CUDA GPU (Unsloth cannot even be imported without one). On this "
-                           "machine use --set backend=auto or --set backend=transformers (plain transformers + PEFT).")
+        raise GrpoKitError("backend='unsloth' needs a CUDA GPU (without one Unsloth imports only in its CI mode, which "
+                           "cannot load a model). On this machine use --set backend=auto or --set backend=transformers "
+                           "(plain transformers + PEFT).")
     if backend == "auto":
         backend = "unsloth" if torch.cuda.is_available() or cpu_mode else "transformers"
     if backend == "unsloth":
