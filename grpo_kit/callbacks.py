@@ -62,26 +62,38 @@ def _resume_hint(run_dir) -> str:
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
         written = ", ".join(folder.name for _, folder in checkpoints(run_dir))  # torn, or weights that already broke
-        return (f" No complete checkpoint in {run_dir}" + (f" ({written} cannot be resumed from)" if written else "")
-                + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
-                "attempt left is set aside, not deleted).")
+        return (
+            f" No complete checkpoint in {run_dir}"
+            + (f" ({written} cannot be resumed from)" if written else "")
+            + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
+            "attempt left is set aside, not deleted)."
+        )
     # complete means finite weights too (runs.adapter_problem): weights that already broke are never offered
-    return (f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
-            f"{run_dir} --resume` (or train(..., resume=True)).")
+    return (
+        f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
+        f"{run_dir} --resume` (or train(..., resume=True))."
+    )
 
 
-def numerics_error(step: int | None, metric: str, value: Any, run_dir, *, detail: str = "",
-                   where: str | None = None) -> NumericsError:
+def numerics_error(
+    step: int | None, metric: str, value: Any, run_dir, *, detail: str = "", where: str | None = None
+) -> NumericsError:
     if metric.startswith("reward/"):
-        fix = (f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
-               "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs.")
+        fix = (
+            f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
+            "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs."
+        )
     else:
-        fix = ("The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
-               "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
-               "card; on CPU the 'cpu' recipe trains in fp32.")
+        fix = (
+            "The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
+            "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
+            "card; on CPU the 'cpu' recipe trains in fp32."
+        )
     where = where or f"at step {step}"  # GuardedReward, the only caller without a step, says where
-    message = (f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
-               f"instead of training on silently (nothing from this step was saved). {fix}{detail}")
+    message = (
+        f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
+        f"instead of training on silently (nothing from this step was saved). {fix}{detail}"
+    )
     return NumericsError(message + _resume_hint(run_dir), step=step, metric=metric, value=value)
 
 
@@ -112,8 +124,14 @@ class GuardedReward:
         for index, score in enumerate(scores):
             if score is not None and not is_finite_number(score):
                 text = _excerpt(completion_text(completions[index]))
-                raise numerics_error(step, f"reward/{self.__name__}", score, self.run_dir, where=where,
-                                     detail=f" (completion {index}: {text!r})")
+                raise numerics_error(
+                    step,
+                    f"reward/{self.__name__}",
+                    score,
+                    self.run_dir,
+                    where=where,
+                    detail=f" (completion {index}: {text!r})",
+                )
         return scores
 
     def _raised(self, error: Exception, where: str, completions) -> GrpoKitError:
@@ -124,10 +142,12 @@ class GuardedReward:
             path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
             saved += f". Full traceback: {path}"
         first = _excerpt(completion_text(completions[0])) if completions else "n/a"
-        return GrpoKitError(f"The reward function '{self.__name__}' raised {type(error).__name__}: "
-                            f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
-                            "function (it must return one float or None per completion, for any text) or leave it out "
-                            f"of reward_funcs.{_resume_hint(self.run_dir)}")
+        return GrpoKitError(
+            f"The reward function '{self.__name__}' raised {type(error).__name__}: "
+            f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
+            "function (it must return one float or None per completion, for any text) or leave it out "
+            f"of reward_funcs.{_resume_hint(self.run_dir)}"
+        )
 
 
 def check_rewards(funcs, row: dict, tokenizer) -> None:
@@ -140,9 +160,14 @@ def check_rewards(funcs, row: dict, tokenizer) -> None:
     for fn in guard_rewards(funcs):
         if isinstance(fn, GuardedReward):  # reward models and async functions are left to TRL
             GuardedReward(fn.fn, when="on a test call before any weights loaded")(
-                prompts=[row["prompt"]] * len(texts), completions=completions, trainer_state=TrainerState(),
+                prompts=[row["prompt"]] * len(texts),
+                completions=completions,
+                trainer_state=TrainerState(),
                 completion_ids=[tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
-                log_extra=lambda *args, **kwargs: None, log_metric=lambda *args, **kwargs: None, **columns)
+                log_extra=lambda *args, **kwargs: None,
+                log_metric=lambda *args, **kwargs: None,
+                **columns,
+            )
 
 
 def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
@@ -151,8 +176,10 @@ def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
     import torch
     from trl.trainer.utils import is_async_callable
 
-    plain = [callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
-             for fn in funcs]
+    plain = [
+        callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
+        for fn in funcs
+    ]
     return [GuardedReward(fn, run_dir) if wrap else fn for fn, wrap in zip(funcs, plain, strict=True)]
 
 
@@ -199,13 +226,21 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
             "per forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a "
             "smaller group (--set num_generations=N), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), "
             "or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the estimate (docs/VRAM.md)."
-            + _resume_hint(run_dir)) from error
+            + _resume_hint(run_dir)
+        ) from error
     except RuntimeError as error:  # torch.multinomial and friends on NaN/inf probabilities
-        if not any(m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")):
+        if not any(
+            m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")
+        ):
             raise
-        raise numerics_error(trainer.state.global_step + 1, "the model's output (sampling probabilities)", "NaN/inf",
-                             run_dir, detail=" Weights can overflow while finite: if --resume fails the same way, move "
-                             "the newest checkpoint out of the run folder and resume from the one before.") from error
+        raise numerics_error(
+            trainer.state.global_step + 1,
+            "the model's output (sampling probabilities)",
+            "NaN/inf",
+            run_dir,
+            detail=" Weights can overflow while finite: if --resume fails the same way, move "
+            "the newest checkpoint out of the run folder and resume from the one before.",
+        ) from error
 
 
 class ScheduleToMaxSteps(TrainerCallback):
@@ -220,8 +255,10 @@ class ScheduleToMaxSteps(TrainerCallback):
     def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         if not state.global_step or not hasattr(lr_scheduler, "lr_lambdas"):  # a fresh run; not a LambdaLR schedule
             return
-        rates = [base * rate(lr_scheduler.last_epoch) for base, rate in zip(lr_scheduler.base_lrs,
-                                                                            lr_scheduler.lr_lambdas, strict=True)]
+        rates = [
+            base * rate(lr_scheduler.last_epoch)
+            for base, rate in zip(lr_scheduler.base_lrs, lr_scheduler.lr_lambdas, strict=True)
+        ]
         for group, rate in zip(optimizer.param_groups, rates, strict=True):
             group["lr"] = rate
         lr_scheduler._last_lr = rates  # what the Trainer logs as learning_rate
@@ -286,8 +323,9 @@ def _excerpt(text: str, length: int = 80) -> str:
 # --------------------------------------------------------------------------------------------- data and adapters
 
 
-def check_dataset_size(n_prompts: int, config, *, source: str, filtered: int = 0,
-                       max_prompt_tokens: int | None = None) -> None:
+def check_dataset_size(
+    n_prompts: int, config, *, source: str, filtered: int = 0, max_prompt_tokens: int | None = None
+) -> None:
     """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
 
     Counted from the ``GRPOConfig``: TRL's generation batch spans every process, and its ``RepeatSampler`` drops an
@@ -301,18 +339,24 @@ def check_dataset_size(n_prompts: int, config, *, source: str, filtered: int = 0
             f"The training data '{source}' has {n_prompts} usable prompt(s){dropped if filtered else ''}, but one "
             f"optimizer step needs {needed} distinct prompts (generation batch {config.generation_batch_size} = "
             f"per_device_train_batch_size {batch} x steps_per_generation {config.steps_per_generation}"
-            + (f" x {processes} processes" if processes > 1 else "") + f", in groups of num_generations="
+            + (f" x {processes} processes" if processes > 1 else "")
+            + f", in groups of num_generations="
             f"{config.num_generations}); TRL would train 0 steps. Use more data (--data sample has 50 questions, "
             "--data arithmetic 256), or lower --set per_device_train_batch_size / gradient_accumulation_steps"
-            + (", or raise --set max_prompt_length." if filtered else "."))
+            + (", or raise --set max_prompt_length." if filtered else ".")
+        )
     if filtered:
-        warnings.warn(f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "
-                      f"left out of training ({n_prompts} kept). Raise max_prompt_length (--set max_prompt_length=N) "
-                      "to keep them.", stacklevel=2)
+        warnings.warn(
+            f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "
+            f"left out of training ({n_prompts} kept). Raise max_prompt_length (--set max_prompt_length=N) "
+            "to keep them.",
+            stacklevel=2,
+        )
 
 
 def dumps_finite(value: Any, **kwargs) -> str:
     """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
+
     def finite(item):
         if isinstance(item, float):
             return item if math.isfinite(item) else None
@@ -327,11 +371,15 @@ def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
     """Refuse an adapter that ``runs.adapter_problem`` finds unusable (``use``: what was asked), naming what to use."""
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         inside = Path(adapter_dir) / "adapter"  # given the run folder instead of its adapter/
-        hint = f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
+        hint = (
+            f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
+        )
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     if problem := adapter_problem(adapter_dir):
-        raise GrpoKitError(f"Cannot {use}: {problem}. Use another (earlier) checkpoint-N folder of the run, or train "
-                           "again (if training diverged, with a lower --set learning_rate=...).")
+        raise GrpoKitError(
+            f"Cannot {use}: {problem}. Use another (earlier) checkpoint-N folder of the run, or train "
+            "again (if training diverged, with a lower --set learning_rate=...)."
+        )
 
 
 def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
@@ -343,5 +391,10 @@ def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
     """
     if problem := adapter_problem(adapter_dir):
         aside = set_aside(adapter_dir, prefix="damaged-")
-        raise numerics_error(step, "the final adapter", "unusable", run_dir,
-                             detail=f" ({problem}) The broken adapter was moved to {aside}.")
+        raise numerics_error(
+            step,
+            "the final adapter",
+            "unusable",
+            run_dir,
+            detail=f" ({problem}) The broken adapter was moved to {aside}.",
+        )

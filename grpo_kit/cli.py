@@ -29,34 +29,64 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
     p.set_defaults(handler=("planner", "cli_presets"))
 
-    p = sub.add_parser("train", help="train a GRPO LoRA adapter from a recipe",
-                       description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
-                       "(grpo_kit.config.KitArgs). Change any of them for one run with --set KEY=VALUE, e.g. --set "
-                       "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false; "
-                       "--set log_completions=true prints sampled completions with their rewards (TRL's table).")
-    p.add_argument("--preset", "--recipe", default="auto", metavar="NAME|PATH", help="a shipped recipe (see `grpo-kit "
-                   "presets`), 'auto' to detect, or your own recipe YAML file (start from recipes/cpu.yaml)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="change one recipe field: any GRPOConfig or ModelConfig field (learning_rate=1e-5, lora_r=8) "
-                   "or a kit field (reward_funcs=correctness,format); repeat for more")
-    p.add_argument("--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file")
+    p = sub.add_parser(
+        "train",
+        help="train a GRPO LoRA adapter from a recipe",
+        description="A recipe is a flat YAML file of TRL GRPOConfig / ModelConfig fields plus the kit's "
+        "(grpo_kit.config.KitArgs). Change any of them for one run with --set KEY=VALUE, e.g. --set "
+        "max_steps=50 --set model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit --set use_vllm=false; "
+        "--set log_completions=true prints sampled completions with their rewards (TRL's table).",
+    )
+    p.add_argument(
+        "--preset",
+        "--recipe",
+        default="auto",
+        metavar="NAME|PATH",
+        help="a shipped recipe (see `grpo-kit "
+        "presets`), 'auto' to detect, or your own recipe YAML file (start from recipes/cpu.yaml)",
+    )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="change one recipe field: any GRPOConfig or ModelConfig field (learning_rate=1e-5, lora_r=8) "
+        "or a kit field (reward_funcs=correctness,format); repeat for more",
+    )
+    p.add_argument(
+        "--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file"
+    )
     p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")
-    p.add_argument("--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping")
+    p.add_argument(
+        "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
+    )
     p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
-    p.add_argument("--zero-variance", choices=("keep", "drop"),
-                   help="questions whose sampled rewards were all equal (default: keep)")
+    p.add_argument(
+        "--zero-variance",
+        choices=("keep", "drop"),
+        help="questions whose sampled rewards were all equal (default: keep)",
+    )
     p.set_defaults(handler=("train", "cli_train"))
 
-    p = sub.add_parser("curriculum", help="score training questions by answer agreement and reward variance",
-                       description="Samples --samples answers per question with the recipe's model, prompt format, "
-                       "completion length, temperature and rewards (change any with --set KEY=VALUE).")
-    p.add_argument("--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path")
+    p = sub.add_parser(
+        "curriculum",
+        help="score training questions by answer agreement and reward variance",
+        description="Samples --samples answers per question with the recipe's model, prompt format, "
+        "completion length, temperature and rewards (change any with --set KEY=VALUE).",
+    )
+    p.add_argument(
+        "--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path"
+    )
     p.add_argument("--preset", default="cpu", help="a shipped recipe, or your own recipe YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change one recipe field")
-    p.add_argument("--adapter", help="LoRA adapter on top of the recipe's model, to re-score with a partly trained model")
+    p.add_argument(
+        "--adapter", help="LoRA adapter on top of the recipe's model, to re-score with a partly trained model"
+    )
     p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
-    p.add_argument("--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)")
+    p.add_argument(
+        "--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)"
+    )
     p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
     p.set_defaults(handler=("curriculum", "cli_curriculum"))
 
@@ -70,22 +100,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
-    p.add_argument("--harness", metavar="TASK", help="run lm-evaluation-harness's gsm8k_cot task instead of the kit's "
-                   "protocol (pip install 'grpo-kit[harness]')")
+    p.add_argument(
+        "--harness",
+        metavar="TASK",
+        help="run lm-evaluation-harness's gsm8k_cot task instead of the kit's "
+        "protocol (pip install 'grpo-kit[harness]')",
+    )
     p.set_defaults(handler=("evaluate", "cli_eval"))
 
     p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")
     p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
     p.add_argument("--model", help="base model (default: the one recorded in the adapter)")
     p.add_argument("--format", default="lora", help="lora | merged16 | gguf (comma-separated for several)")
-    p.add_argument("--gguf-type", default="q4_k_m",
-                   help="GGUF type(s), comma-separated: q4_k_m, q5_k_m, q8_0, f16 (llama.cpp via Unsloth: a GPU)")
+    p.add_argument(
+        "--gguf-type",
+        default="q4_k_m",
+        help="GGUF type(s), comma-separated: q4_k_m, q5_k_m, q8_0, f16 (llama.cpp via Unsloth: a GPU)",
+    )
     p.add_argument("--name", help="export folder name under --out-dir (default: from the adapter)")
     p.add_argument("--out-dir", default="exports", help="parent folder of exports")
     p.add_argument("--overwrite", action="store_true", help="replace an existing export of the same name")
     p.add_argument("--push-to-hub", metavar="REPO", help="also upload to this Hub repo (token from HF_TOKEN)")
-    p.add_argument("--check-answers", type=int, default=0, metavar="N", help="also compare merged16's answers with "
-                   "base + adapter's on N bundled questions (loads both models, one after the other)")
+    p.add_argument(
+        "--check-answers",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also compare merged16's answers with "
+        "base + adapter's on N bundled questions (loads both models, one after the other)",
+    )
     p.set_defaults(handler=("export", "cli_export"))
 
     p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
@@ -126,4 +169,3 @@ def main(argv: list[str] | None = None) -> int:
 
 def _terminated(signum, frame) -> None:
     raise KeyboardInterrupt("stopped by SIGTERM; the run folder keeps its complete checkpoints: --resume continues")
-

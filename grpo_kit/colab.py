@@ -56,8 +56,9 @@ def workspace(*, drive: bool = True) -> Path:
     if drive and (on_drive := mount_drive()):
         return on_drive
     here = Path.cwd().resolve()  # a notebook runs in notebooks/: its runs go to the checkout's runs/, as the CLI's do
-    return next((f for f in (here, *here.parents) if (f / "pyproject.toml").is_file() and (f / "grpo_kit").is_dir()),
-                here)
+    return next(
+        (f for f in (here, *here.parents) if (f / "pyproject.toml").is_file() and (f / "grpo_kit").is_dir()), here
+    )
 
 
 def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str, fix: str | None = None) -> None:
@@ -75,21 +76,29 @@ def check_fits(sizes: dict[str, int], dest: str | os.PathLike, *, what: str, fix
         if size <= room:
             fits.append(name)
             room -= size
-    smaller = (f"copy only what fits, include={tuple(fits)!r} ({_gb(sum(sizes[n] for n in fits))})" if fits
-               else "nothing of it fits")
+    smaller = (
+        f"copy only what fits, include={tuple(fits)!r} ({_gb(sum(sizes[n] for n in fits))})"
+        if fits
+        else "nothing of it fits"
+    )
     listing = ", ".join(f"{name} {_gb(size)}" for name, size in sizes.items())
-    fix = fix or (f"Nothing was copied. Either {smaller}, or free space there (on Drive: empty the trash too) and run "
-                  "the cell again.")
-    raise GrpoKitError(f"Not enough space for {what}: {listing} = {_gb(needed)}, but {dest} has {_gb(max(free, 0))} "
-                       f"free (kept back: {_gb(SPACE_MARGIN)}). {fix}")
+    fix = fix or (
+        f"Nothing was copied. Either {smaller}, or free space there (on Drive: empty the trash too) and run "
+        "the cell again."
+    )
+    raise GrpoKitError(
+        f"Not enough space for {what}: {listing} = {_gb(needed)}, but {dest} has {_gb(max(free, 0))} "
+        f"free (kept back: {_gb(SPACE_MARGIN)}). {fix}"
+    )
 
 
 def _gb(size: int) -> str:
     return f"{size / 1e9:.2f} GB"
 
 
-def copy_to_drive(folder: str | os.PathLike, *, include: Collection[str] | None = None,
-                  dest: str | os.PathLike | None = None) -> Path | None:
+def copy_to_drive(
+    folder: str | os.PathLike, *, include: Collection[str] | None = None, dest: str | os.PathLike | None = None
+) -> Path | None:
     """Copy the entries ``include`` (default: all) of an export ``folder`` to ``dest/<folder name>``; ``dest``
     defaults to ``exports/`` in the kit's Drive folder. Returns the copy, or None off Colab with no ``dest``.
 
@@ -110,8 +119,10 @@ def copy_to_drive(folder: str | os.PathLike, *, include: Collection[str] | None 
         dest = drive_folder / "exports"
     entries = [entry for entry in sorted(folder.iterdir()) if include is None or entry.name in include]
     if not entries:
-        raise GrpoKitError(f"Nothing to copy: {folder} has none of {sorted(include or ())}; it holds "
-                           f"{sorted(e.name for e in folder.iterdir())}.")
+        raise GrpoKitError(
+            f"Nothing to copy: {folder} has none of {sorted(include or ())}; it holds "
+            f"{sorted(e.name for e in folder.iterdir())}."
+        )
     sizes = {entry.name: sum(f.stat().st_size for f in (entry, *entry.rglob("*")) if f.is_file()) for entry in entries}
     check_fits(sizes, dest, what=f"the copy of {folder.name}")  # bytes of each file, or of every file in each folder
     target = Path(dest) / folder.name

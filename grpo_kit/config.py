@@ -35,15 +35,22 @@ class KitArgs:
     name: str = field(default="custom", metadata={"help": "the recipe's name (runs/<name>-<time>)"})
     description: str = field(default="", metadata={"help": "one paragraph: what the tier is for and why"})
     vram_gb: float = field(default=0.0, metadata={"help": "memory PyTorch reports on the tier's card; 0 = CPU"})
-    backend: str = field(default="auto", metadata={"choices": ["auto", "unsloth", "transformers"],
-                                                   "help": "Unsloth on a GPU, transformers + PEFT otherwise (auto)"})
+    backend: str = field(
+        default="auto",
+        metadata={
+            "choices": ["auto", "unsloth", "transformers"],
+            "help": "Unsloth on a GPU, transformers + PEFT otherwise (auto)",
+        },
+    )
     max_seq_length: int = field(default=1024, metadata={"help": "prompt + completion tokens (Unsloth, vLLM)"})
     few_shot: int = field(default=0, metadata={"help": "worked examples shown before the question"})
     prefill: str = field(default="", metadata={"help": "text the answer starts with, e.g. '<think>\\n'"})
     system_prompt: str | None = field(default=None, metadata={"help": "replaces the kit's think/answer instruction"})
     max_prompt_length: int = field(default=256, metadata={"help": "longer prompts are left out (and counted)"})
-    reward_funcs: list[str] = field(default_factory=lambda: ["correctness", "format"],
-                                    metadata={"help": "built-in reward names or package.module:function"})
+    reward_funcs: list[str] = field(
+        default_factory=lambda: ["correctness", "format"],
+        metadata={"help": "built-in reward names or package.module:function"},
+    )
 
 
 @dataclass(frozen=True)
@@ -72,7 +79,9 @@ class Recipe:
     @property
     def dtype(self) -> str:
         """What the model loads in: the recipe's ``dtype``, else the training precision (float32 without one)."""
-        return self.values.get("dtype") or ("bfloat16" if self.grpo.bf16 else "float16" if self.grpo.fp16 else "float32")
+        return self.values.get("dtype") or (
+            "bfloat16" if self.grpo.bf16 else "float16" if self.grpo.fp16 else "float32"
+        )
 
     @property
     def prompts_per_step(self) -> int:
@@ -101,7 +110,9 @@ def _read_yaml(path: Path) -> dict:
         mark = getattr(error, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         why = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise GrpoKitError(f"Recipe file {path}{where}: not valid YAML ({why}). Compare it with recipes/cpu.yaml.") from None
+        raise GrpoKitError(
+            f"Recipe file {path}{where}: not valid YAML ({why}). Compare it with recipes/cpu.yaml."
+        ) from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
     return data
@@ -121,8 +132,11 @@ def load_recipe(name_or_path: str | os.PathLike, **changes: Any) -> Recipe:
         path = Path(text)
         if not (text.endswith((".yaml", ".yml")) or os.sep in text or path.is_file()):
             hint = difflib.get_close_matches(text, recipe_names(), n=1)
-            raise GrpoKitError(f"Unknown recipe {text!r}." + (f" Did you mean {hint[0]!r}?" if hint else "")
-                               + f" Shipped: {', '.join(recipe_names())}; a file of your own: --recipe my_recipe.yaml.")
+            raise GrpoKitError(
+                f"Unknown recipe {text!r}."
+                + (f" Did you mean {hint[0]!r}?" if hint else "")
+                + f" Shipped: {', '.join(recipe_names())}; a file of your own: --recipe my_recipe.yaml."
+            )
     return build_recipe({"name": path.stem, **_read_yaml(path), **changes})
 
 
@@ -148,8 +162,10 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     values = dict(values)
     name = str(values.get("name", "custom"))
     if isinstance(values.get("reward_funcs"), (list, tuple)):  # a function (a notebook cell's) is kept as its import
-        values["reward_funcs"] = [f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # path: run.json
-                                  for f in values["reward_funcs"]]  # can record it, and a resume can import it
+        values["reward_funcs"] = [
+            f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # path: run.json
+            for f in values["reward_funcs"]
+        ]  # can record it, and a resume can import it
     # Unsloth patches trl/transformers/peft at import: on its backend it must be imported before TRL (see models)
     from grpo_kit.models import prepare_backend
 
@@ -163,8 +179,11 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     unknown = sorted(k for k in values if k not in known)
     if unknown:
         hints = [f"{k} -> {m[0]}" for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.6))]
-        raise GrpoKitError(f"Recipe {name}: unknown field(s) {', '.join(unknown)}." + (f" Did you mean {', '.join(hints)}?"
-                           if hints else "") + " Fields are TRL's GRPOConfig/ModelConfig fields or grpo_kit.config.KitArgs'.")
+        raise GrpoKitError(
+            f"Recipe {name}: unknown field(s) {', '.join(unknown)}."
+            + (f" Did you mean {', '.join(hints)}?" if hints else "")
+            + " Fields are TRL's GRPOConfig/ModelConfig fields or grpo_kit.config.KitArgs'."
+        )
     settable = {**_kit_defaults(values, name), **values}
     argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
     try:
@@ -210,11 +229,14 @@ def _text(value: Any) -> str:
 def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     """What the kit needs where the recipe is silent; a recipe that contradicts it is refused."""
     import torch
+    import trl
 
     def refuse_unless(key: str, wanted: Any, why: str) -> None:
         if key in values and values[key] is not None and values[key] != wanted:
-            raise GrpoKitError(f"Recipe {name}: {key}={values[key]!r} cannot work here: {why}. Remove it or set {key}: "
-                               f"{_text(wanted)}.")
+            raise GrpoKitError(
+                f"Recipe {name}: {key}={values[key]!r} cannot work here: {why}. Remove it or set {key}: "
+                f"{_text(wanted)}."
+            )
 
     refuse_unless("use_peft", True, "grpo-kit trains LoRA adapters")
     refuse_unless("remove_unused_columns", False, "the rewards read the answer column")
@@ -222,7 +244,7 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     # TRL's default upper clip (epsilon_high = epsilon), written out: Unsloth's GRPOConfig sets 0.28 where it is unset
     # and loss_type is dapo, so a recipe silent on it would clip differently on a GPU than on a CPU.
     with contextlib.suppress(TypeError, ValueError):  # an epsilon that is no number is refused by TRL's parser
-        defaults["epsilon_high"] = float(values.get("epsilon", _trl_default("epsilon")))
+        defaults["epsilon_high"] = float(values.get("epsilon", trl.GRPOConfig.__dataclass_fields__["epsilon"].default))
     if torch.cuda.is_available():
         from grpo_kit.models import gpu_has_bf16
 
@@ -233,16 +255,13 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     return defaults
 
 
-def _trl_default(field_name: str) -> Any:
-    import trl
-
-    return trl.GRPOConfig.__dataclass_fields__[field_name].default
-
-
 #: Values TRL accepts without complaint that cannot be meant: field -> (test, what the value must be).
 SANE = {
-    "learning_rate": (lambda v: 0 < v < 1, "above 0 and below 1 (LoRA GRPO: 5e-6 on the GPU tiers, 5e-4 on the tiny "
-                      "CPU model); a rate of 1 or more destroys the weights in a step"),
+    "learning_rate": (
+        lambda v: 0 < v < 1,
+        "above 0 and below 1 (LoRA GRPO: 5e-6 on the GPU tiers, 5e-4 on the tiny "
+        "CPU model); a rate of 1 or more destroys the weights in a step",
+    ),
     "temperature": (lambda v: v > 0, "above 0 (1.0 is TRL's default; GRPO needs varied samples)"),
     "beta": (lambda v: v >= 0, "0 (no KL penalty, TRL's default) or a small positive number such as 0.04"),
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a share of the GPU above 0 and at most 1"),
@@ -252,8 +271,18 @@ SANE = {
 
 
 #: The ModelConfig fields the kit's loader passes on (``models.load_model``: Unsloth's ``FastLanguageModel`` arguments).
-LOADER_FIELDS = ("model_name_or_path", "dtype", "use_peft", "load_in_4bit", "lora_r", "lora_alpha", "lora_dropout",
-                 "lora_target_modules", "use_rslora", "lora_modules_to_save")
+LOADER_FIELDS = (
+    "model_name_or_path",
+    "dtype",
+    "use_peft",
+    "load_in_4bit",
+    "lora_r",
+    "lora_alpha",
+    "lora_dropout",
+    "lora_target_modules",
+    "use_rslora",
+    "lora_modules_to_save",
+)
 
 
 def _check(recipe: Recipe) -> None:
@@ -262,39 +291,56 @@ def _check(recipe: Recipe) -> None:
 
     g, k, name = recipe.grpo, recipe.kit, recipe.name
     if unused := [key for key in recipe.values if hasattr(recipe.model, key) and key not in LOADER_FIELDS]:
-        raise GrpoKitError(f"Recipe {name}: {', '.join(unused)} would be ignored: models load through "
-                           f"FastLanguageModel, which takes {', '.join(LOADER_FIELDS)}. Remove it.")
+        raise GrpoKitError(
+            f"Recipe {name}: {', '.join(unused)} would be ignored: models load through "
+            f"FastLanguageModel, which takes {', '.join(LOADER_FIELDS)}. Remove it."
+        )
     parsed = {key: getattr(part, key) for part in (g, recipe.model, k) for key in recipe.values if hasattr(part, key)}
-    bad = [(key, item) for key, v in parsed.items() for item in (v if isinstance(v, list) else [v])
-           if isinstance(item, float) and not math.isfinite(item)]
+    bad = [
+        (key, item)
+        for key, v in parsed.items()
+        for item in (v if isinstance(v, list) else [v])
+        if isinstance(item, float) and not math.isfinite(item)
+    ]
     if bad:  # argparse reads "inf" and "nan" as floats; TRL would train with them
         raise GrpoKitError(f"Recipe {name}: {bad[0][0]} is {bad[0][1]}; every number must be finite.")
     for key, (ok, wanted) in SANE.items():  # values TRL accepts that no run can mean
         if key in parsed and not ok(parsed[key]):
             raise GrpoKitError(f"Recipe {name}: {key}={parsed[key]!r} cannot be meant; it must be {wanted}.")
     if g.reward_weights is not None and len(g.reward_weights) != len(k.reward_funcs):
-        raise GrpoKitError(f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
-                           f"{len(g.reward_weights)} reward_weights; give one weight per reward.")
+        raise GrpoKitError(
+            f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
+            f"{len(g.reward_weights)} reward_weights; give one weight per reward."
+        )
     if not any(weight for _, weight in recipe.rewards):
-        raise GrpoKitError(f"Recipe {name}: every reward weight is 0, so every completion scores 0 and GRPO learns "
-                           "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
-                           "[1.0, ...].")
+        raise GrpoKitError(
+            f"Recipe {name}: every reward weight is 0, so every completion scores 0 and GRPO learns "
+            "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
+            "[1.0, ...]."
+        )
     unknown = [r for r in k.reward_funcs if ":" not in r and r not in REWARDS]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
-        raise GrpoKitError(f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
-                           "or write package.module:function.")
+        raise GrpoKitError(
+            f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
+            "or write package.module:function."
+        )
     if k.max_prompt_length + g.max_completion_length > k.max_seq_length:
-        raise GrpoKitError(f"Recipe {name}: max_prompt_length ({k.max_prompt_length}) + max_completion_length "
-                           f"({g.max_completion_length}) exceeds max_seq_length ({k.max_seq_length}). Raise "
-                           "max_seq_length or shorten the prompt/completion budget.")
+        raise GrpoKitError(
+            f"Recipe {name}: max_prompt_length ({k.max_prompt_length}) + max_completion_length "
+            f"({g.max_completion_length}) exceeds max_seq_length ({k.max_seq_length}). Raise "
+            "max_seq_length or shorten the prompt/completion budget."
+        )
     if min(k.max_prompt_length, g.max_completion_length, recipe.model.lora_r, g.max_steps) < 1:
-        raise GrpoKitError(f"Recipe {name}: max_prompt_length, max_completion_length, lora_r and max_steps must be "
-                           "positive (max_steps -1 means epochs in TRL; the kit counts steps).")
+        raise GrpoKitError(
+            f"Recipe {name}: max_prompt_length, max_completion_length, lora_r and max_steps must be "
+            "positive (max_steps -1 means epochs in TRL; the kit counts steps)."
+        )
     if g.use_vllm and g.vllm_mode == "server" and recipe.model.load_in_4bit:  # TRL would send the server each
         # param.data with LoRA merged in: for a bitsandbytes 4-bit layer, packed bytes without their quantization state
-        raise GrpoKitError(f"Recipe {name}: vllm_mode='server' cannot train 4-bit weights (load_in_4bit): the server "
-                           "would silently generate from packed 4-bit bytes. Use colocated vLLM (--set vllm_mode=colocate) "
-                           "or 16-bit weights (--set load_in_4bit=false, or the a100-40gb recipe: more memory).")
+        raise GrpoKitError(
+            f"Recipe {name}: vllm_mode='server' cannot train 4-bit weights (load_in_4bit): the server "
+            "would silently generate from packed 4-bit bytes. Use colocated vLLM (--set vllm_mode=colocate) "
+            "or 16-bit weights (--set load_in_4bit=false, or the a100-40gb recipe: more memory)."
+        )
     if not recipe.model.model_name_or_path:
         raise GrpoKitError(f"Recipe {name}: model_name_or_path is missing; name a Hub id or a local folder.")
-

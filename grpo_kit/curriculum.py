@@ -83,8 +83,16 @@ def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path
     """One JSON row per question, written in one piece; derived fields are stored for people reading the file."""
     from grpo_kit.runs import atomic_write_text
 
-    rows = [{**vars(s), "entropy": round(s.entropy, 6), "accuracy": s.accuracy, "zero_variance": s.zero_variance,
-             "clusters": answer_clusters(s.answers)} for s in scores]
+    rows = [
+        {
+            **vars(s),
+            "entropy": round(s.entropy, 6),
+            "accuracy": s.accuracy,
+            "zero_variance": s.zero_variance,
+            "clusters": answer_clusters(s.answers),
+        }
+        for s in scores
+    ]
     return atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -102,12 +110,18 @@ def read_scores(path: str | os.PathLike) -> dict[str, PromptScore]:
         try:
             row = json.loads(line) if line.strip() else None
             if row is not None:
-                score = PromptScore(str(row["question"]), row.get("gold"), tuple(row["answers"]),
-                                    tuple(float(r) for r in row["rewards"]), str(row.get("reward_spec", "")))
+                score = PromptScore(
+                    str(row["question"]),
+                    row.get("gold"),
+                    tuple(row["answers"]),
+                    tuple(float(r) for r in row["rewards"]),
+                    str(row.get("reward_spec", "")),
+                )
                 scores[score.question] = score
         except (KeyError, TypeError, ValueError, AttributeError) as error:  # ValueError covers JSONDecodeError
-            raise GrpoKitError(f"{path}:{number}: not a curriculum row ({type(error).__name__}: {error}). "
-                               f"{rewrite}") from None
+            raise GrpoKitError(
+                f"{path}:{number}: not a curriculum row ({type(error).__name__}: {error}). {rewrite}"
+            ) from None
     if not scores:
         raise GrpoKitError(f"Curriculum scores {path} hold no rows. {rewrite}")
     return scores
@@ -127,23 +141,34 @@ class Curriculum:
         matched = [scores.get(question) for question in dataset["question"]]
         scored = [s for s in matched if s is not None]
         if not scored:
-            raise GrpoKitError(f"None of the {len(dataset)} training questions is in {self.scores_path}: the scores "
-                               "were computed for other data. Run grpo-kit curriculum with the same --data as training.")
+            raise GrpoKitError(
+                f"None of the {len(dataset)} training questions is in {self.scores_path}: the scores "
+                "were computed for other data. Run grpo-kit curriculum with the same --data as training."
+            )
         order = sorted(range(len(matched)), key=lambda i: math.inf if matched[i] is None else matched[i].entropy)
         # Dropped once, before training: DAPO's dynamic sampling drops such groups online, per batch.
         flat = {i for i, score in enumerate(matched) if score is not None and score.zero_variance}
         indices = [i for i in order if i not in flat] if self.drop_zero_variance else order
         if not indices:
-            raise GrpoKitError(f"Every training question is zero-variance in {self.scores_path}, so --zero-variance "
-                               "drop left nothing to train on. Sample more answers (--samples), raise the "
-                               "temperature, or keep them (--zero-variance keep).")
-        report = {"scores": str(self.scores_path), "zero_variance": "drop" if self.drop_zero_variance else "keep",
-                  "reward_spec": scored[0].reward_spec, "questions": len(dataset), "scored": len(scored),
-                  "zero_variance_questions": len(flat), "kept": len(indices)}
+            raise GrpoKitError(
+                f"Every training question is zero-variance in {self.scores_path}, so --zero-variance "
+                "drop left nothing to train on. Sample more answers (--samples), raise the "
+                "temperature, or keep them (--zero-variance keep)."
+            )
+        report = {
+            "scores": str(self.scores_path),
+            "zero_variance": "drop" if self.drop_zero_variance else "keep",
+            "reward_spec": scored[0].reward_spec,
+            "questions": len(dataset),
+            "scored": len(scored),
+            "zero_variance_questions": len(flat),
+            "kept": len(indices),
+        }
         return dataset.select(indices), report
 
 
 # --------------------------------------------------------------------------------------------- grpo-kit curriculum
+
 
 def score_dataset(dataset, completions: Sequence[Sequence[str]], *, rewards) -> list[PromptScore]:
     """Score each row of a ``format_for_grpo`` dataset from its sampled ``completions``: each one's final number (read
@@ -159,8 +184,10 @@ def score_dataset(dataset, completions: Sequence[Sequence[str]], *, rewards) -> 
     for row, texts in zip(dataset.to_list(), completions, strict=True):
         columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
         outputs = [fn(list(texts), prompts=[row["prompt"]] * len(texts), **columns) for fn in funcs]
-        terms = [[w * out[i] for w, out in zip(weights, outputs, strict=True) if out[i] is not None]
-                 for i in range(len(texts))]
+        terms = [
+            [w * out[i] for w, out in zip(weights, outputs, strict=True) if out[i] is not None]
+            for i in range(len(texts))
+        ]
         rewards = tuple(float(sum(t)) if t else math.nan for t in terms)
         answers = tuple(final_number((row.get("prefill") or "") + text) for text in texts)
         scores.append(PromptScore(row["question"], row.get("answer"), answers, rewards, spec))
@@ -179,21 +206,45 @@ def cli_curriculum(args) -> int:
         raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
     recipe = load_recipe(args.preset, **parse_set(args.set))
     kit, g = recipe.kit, recipe.grpo
-    out = Path(args.out or Path(args.data).with_suffix(".curriculum.jsonl"))  # next to a data file; sample.curriculum...
+    out = Path(
+        args.out or Path(args.data).with_suffix(".curriculum.jsonl")
+    )  # next to a data file; sample.curriculum...
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="train", limit=args.limit, seed=g.seed)
     model, tokenizer = load_inference_model(recipe.model.model_name_or_path, args.adapter)
-    formatted, _ = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
-                                   max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
+    formatted, _ = format_for_grpo(
+        dataset,
+        tokenizer,
+        few_shot=kit.few_shot,
+        prefill=kit.prefill,
+        max_prompt_tokens=kit.max_prompt_length,
+        system_prompt=kit.system_prompt,
+    )
     # The kit's generate loop, seeded so a rerun draws the same answers; message lists rendered as TRL renders them.
     prompts = [p if isinstance(p, str) else render_prompt(p, tokenizer) for p in formatted["prompt"]]
-    groups = generate(model, tokenizer, prompts, max_new_tokens=g.max_completion_length, batch_size=4,
-                      num_samples=args.samples, temperature=g.temperature, seed=g.seed, desc="sampling")
+    groups = generate(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=g.max_completion_length,
+        batch_size=4,
+        num_samples=args.samples,
+        temperature=g.temperature,
+        seed=g.seed,
+        desc="sampling",
+    )
     scores = score_dataset(formatted, [[text for text, _ in group] for group in groups], rewards=recipe.rewards)
     write_scores(out, scores)
     accuracies = [s.accuracy for s in scores if s.accuracy is not None]
-    print(json.dumps({"questions": len(scores), "mean_entropy": round(statistics.fmean(s.entropy for s in scores), 4),
-                      "mean_accuracy": round(statistics.fmean(accuracies), 4) if accuracies else None,
-                      "frac_zero_variance": round(statistics.fmean(s.zero_variance for s in scores), 4)}))
+    print(
+        json.dumps(
+            {
+                "questions": len(scores),
+                "mean_entropy": round(statistics.fmean(s.entropy for s in scores), 4),
+                "mean_accuracy": round(statistics.fmean(accuracies), 4) if accuracies else None,
+                "frac_zero_variance": round(statistics.fmean(s.zero_variance for s in scores), 4),
+            }
+        )
+    )
     print(f"scores: {out}\nuse them: grpo-kit train --data {args.data} --curriculum {out} [--zero-variance drop]")
     return 0

@@ -28,15 +28,23 @@ SYSTEM_PROMPT = (
 #: Worked examples for few-shot prompts: (question, reply in the exact think/answer format). Written by the grpo-kit
 #: authors; none of them is in GSM8K or in the bundled sample.
 FEW_SHOT_EXAMPLES: tuple[tuple[str, str], ...] = (
-    ("A box has 3 red pens and 5 blue pens. How many pens are in 4 such boxes?",
-     "<think>\nOne box has 3 + 5 = 8 pens.\nFour boxes have 4 * 8 = 32 pens.\n</think>\n<answer>32</answer>"),
-    ("The temperature was 5 degrees in the evening and fell by 9 degrees overnight. What is the temperature now?",
-     "<think>\nIt fell from 5 by 9 degrees: 5 - 9 = -4.\n</think>\n<answer>-4</answer>"),
-    ("A ribbon 9 meters long is cut into 6 equal pieces. How long is each piece, in meters?",
-     "<think>\nEach piece is 9 / 6 = 1.5 meters long.\n</think>\n<answer>1.5</answer>"),
-    ("A shop sells 250 mugs a week and each mug costs $6. How much money does the shop take in over 8 weeks?",
-     "<think>\nIn 8 weeks it sells 250 * 8 = 2000 mugs.\nThey bring in 2000 * 6 = 12000 dollars.\n</think>\n"
-     "<answer>12000</answer>"),
+    (
+        "A box has 3 red pens and 5 blue pens. How many pens are in 4 such boxes?",
+        "<think>\nOne box has 3 + 5 = 8 pens.\nFour boxes have 4 * 8 = 32 pens.\n</think>\n<answer>32</answer>",
+    ),
+    (
+        "The temperature was 5 degrees in the evening and fell by 9 degrees overnight. What is the temperature now?",
+        "<think>\nIt fell from 5 by 9 degrees: 5 - 9 = -4.\n</think>\n<answer>-4</answer>",
+    ),
+    (
+        "A ribbon 9 meters long is cut into 6 equal pieces. How long is each piece, in meters?",
+        "<think>\nEach piece is 9 / 6 = 1.5 meters long.\n</think>\n<answer>1.5</answer>",
+    ),
+    (
+        "A shop sells 250 mugs a week and each mug costs $6. How much money does the shop take in over 8 weeks?",
+        "<think>\nIn 8 weeks it sells 250 * 8 = 2000 mugs.\nThey bring in 2000 * 6 = 12000 dollars.\n</think>\n"
+        "<answer>12000</answer>",
+    ),
 )
 
 HUB_DATASET, HUB_CONFIG = "openai/gsm8k", "main"
@@ -54,8 +62,9 @@ ARITHMETIC_SIZES = {"train": 256, "test": 200}
 _PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)\s*|\s*-?\d+\s*/\s*\d+\s*")
 
 
-def load_gsm8k(source: str = "gsm8k", split: str = "train", *, lenient: bool = False, limit: int | None = None,
-               seed: int = 0):
+def load_gsm8k(
+    source: str = "gsm8k", split: str = "train", *, lenient: bool = False, limit: int | None = None, seed: int = 0
+):
     """GSM8K-format rows as a ``datasets.Dataset`` with columns ``question``, ``answer``, ``solution``.
 
     ``source``: ``"gsm8k"`` (Hub ``openai/gsm8k``, config ``main``), ``"sample"`` (bundled; ``split="test"`` is the
@@ -99,8 +108,10 @@ def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
             row = _check_record(record)
         except ValueError as err:
             if not lenient:
-                raise GrpoKitError(f"{label}, {where}: {err}. Fix that row. (Training can skip bad rows instead, counted "
-                                   "and reported: grpo-kit train --lenient, or lenient=True in Python.)") from None
+                raise GrpoKitError(
+                    f"{label}, {where}: {err}. Fix that row. (Training can skip bad rows instead, counted "
+                    "and reported: grpo-kit train --lenient, or lenient=True in Python.)"
+                ) from None
             skipped += 1
             notes.append(f"{where}: {err}")
         else:
@@ -109,7 +120,9 @@ def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
                 rows.append(row)
                 continue
             where_first, answer_first = first_seen[row["question"]]
-            clash = "" if answer_first == row["answer"] else f" with a DIFFERENT answer ({row['answer']} vs {answer_first})"
+            clash = (
+                "" if answer_first == row["answer"] else f" with a DIFFERENT answer ({row['answer']} vs {answer_first})"
+            )
             notes.append(f"{where}: duplicate of the question at {where_first}{clash}, dropped")
     if not rows:
         detail = f" First problems: {'; '.join(notes[:MAX_REASONS])}." if notes else ""
@@ -118,8 +131,11 @@ def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
     if skipped or duplicates:
         dropped = [f"skipped {skipped} bad row(s)"] if skipped else []
         dropped += [f"dropped {duplicates} duplicate question(s)"] if duplicates else []
-        warnings.warn(f"{label}: kept {len(rows)} of {read} rows; {', '.join(dropped)}. First notes: "
-                      f"{'; '.join(notes[:MAX_REASONS])}", stacklevel=3)
+        warnings.warn(
+            f"{label}: kept {len(rows)} of {read} rows; {', '.join(dropped)}. First notes: "
+            f"{'; '.join(notes[:MAX_REASONS])}",
+            stacklevel=3,
+        )
     return rows
 
 
@@ -159,8 +175,10 @@ def _plain_number(text: str, what: str, otherwise: str = "") -> str:
         raise ValueError(otherwise or f"{what} is not a number: {text.strip()[:60]!r}")
     canonical = normalize_number(text.replace("$", "", 1))
     if canonical is None:
-        raise ValueError(f"{what} is a number too large to use ({len(re.sub(r'[^0-9]', '', text))} digits; answers are "
-                         f"compared on at most {MAX_DIGITS}): {text.strip()[:60]!r}")
+        raise ValueError(
+            f"{what} is a number too large to use ({len(re.sub(r'[^0-9]', '', text))} digits; answers are "
+            f"compared on at most {MAX_DIGITS}): {text.strip()[:60]!r}"
+        )
     return canonical
 
 
@@ -198,9 +216,11 @@ def _hub_records(split: str):
         hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
         why = f"{type(err).__name__}: {err}"
-        raise GrpoKitError(f"Could not load {HUB_DATASET} (split {split!r}) from the Hub or its cache: {why[:200]}. "
-                           "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
-                           f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE).") from err
+        raise GrpoKitError(
+            f"Could not load {HUB_DATASET} (split {split!r}) from the Hub or its cache: {why[:200]}. "
+            "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
+            f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE)."
+        ) from err
     return hub
 
 
@@ -211,12 +231,20 @@ def _file_records(path: Path):
     accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
     if path.is_dir():
         found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
-        raise GrpoKitError(f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' "
-                           "fields" + (f", e.g. {path / found[0]} (this folder has {', '.join(found)})." if found
-                                       else "; this folder holds none."))
+        raise GrpoKitError(
+            f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' "
+            "fields"
+            + (
+                f", e.g. {path / found[0]} (this folder has {', '.join(found)})."
+                if found
+                else "; this folder holds none."
+            )
+        )
     if not path.is_file():
-        raise GrpoKitError(f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), "
-                           f"'arithmetic' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields.")
+        raise GrpoKitError(
+            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), "
+            f"'arithmetic' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
+        )
     if suffix not in LOCAL_FORMATS:
         raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
     loader, shape = LOCAL_FORMATS[suffix]
@@ -236,8 +264,10 @@ def _file_records(path: Path):
 def _need_columns(name, found: list[str]) -> None:
     missing = [column for column in ("question", "answer") if column not in found]
     if missing:
-        raise GrpoKitError(f"{name}: missing column(s) {missing}; found {found}. GSM8K data needs 'question' and "
-                           "'answer' (the answer ending in '#### N', or a plain number).")
+        raise GrpoKitError(
+            f"{name}: missing column(s) {missing}; found {found}. GSM8K data needs 'question' and "
+            "'answer' (the answer ending in '#### N', or a plain number)."
+        )
 
 
 # ---------------------------------------------------------------------------------------------------------- synthetic
@@ -246,11 +276,16 @@ _NAMES = ("Ava", "Ben", "Chloe", "Dev", "Eli", "Fatima", "Gus", "Hiro", "Ines", 
 _ITEMS = ("apples", "marbles", "stickers", "pencils", "cookies", "shells", "cards", "stamps", "beads", "books")
 #: One-step problems: operation -> (question, solution line); ``{step}`` is the annotated calculation.
 _ONE_STEP = {
-    "+": ("{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", "{name} has {step} {item}."),
+    "+": (
+        "{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+        "{name} has {step} {item}.",
+    ),
     "-": ("{name} has {a} {item} and gives away {b}. How many {item} are left?", "{step} {item} are left."),
     "*": ("{name} has {a} bags with {b} {item} in each bag. How many {item} is that?", "{step} {item}."),
-    "/": ("{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
-          "Each friend gets {step} {item}."),
+    "/": (
+        "{name} shares {a} {item} equally among {b} friends. How many {item} does each friend get?",
+        "Each friend gets {step} {item}.",
+    ),
 }
 
 
@@ -296,8 +331,7 @@ def arithmetic_key(solution: str) -> str:
 
 
 def build_messages(question: str, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0) -> list[dict]:
-    """Chat messages: system (None: ``SYSTEM_PROMPT``, "": none), ``few_shot`` worked examples, then the question.
-    """
+    """Chat messages: system (None: ``SYSTEM_PROMPT``, "": none), ``few_shot`` worked examples, then the question."""
     if not 0 <= few_shot <= len(FEW_SHOT_EXAMPLES):
         raise GrpoKitError(f"few_shot must be between 0 and {len(FEW_SHOT_EXAMPLES)}, got {few_shot}.")
     system_prompt = SYSTEM_PROMPT if system_prompt is None else system_prompt
@@ -322,8 +356,15 @@ def render_prompt(messages: list[dict], tokenizer, prefill: str = "") -> str:
     return text + prefill
 
 
-def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYSTEM_PROMPT, few_shot: int = 0,
-                    prefill: str = "", max_prompt_tokens: int | None = None):
+def format_for_grpo(
+    dataset,
+    tokenizer=None,
+    *,
+    system_prompt: str | None = SYSTEM_PROMPT,
+    few_shot: int = 0,
+    prefill: str = "",
+    max_prompt_tokens: int | None = None,
+):
     """Turn a ``load_gsm8k`` dataset into GRPOTrainer input; returns ``(dataset, n_filtered)``.
 
     Columns: ``prompt``, ``answer``, ``question``, ``prefill``. Without ``prefill`` the prompt is the message list
@@ -348,7 +389,9 @@ def format_for_grpo(dataset, tokenizer=None, *, system_prompt: str | None = SYST
         prompt = render_prompt(messages, tokenizer, prefill) if prefill else messages
         rows.append({"prompt": prompt, "answer": answer, "question": question, "prefill": prefill})
     if not rows:
-        raise GrpoKitError(f"All {len(lengths)} prompts are longer than the prompt budget of {max_prompt_tokens} tokens "
-                           f"(the longest has {max(lengths)}). Raise it (--set max_prompt_length={max(lengths)}), or use "
-                           "fewer few-shot examples (--set few_shot=0).")
+        raise GrpoKitError(
+            f"All {len(lengths)} prompts are longer than the prompt budget of {max_prompt_tokens} tokens "
+            f"(the longest has {max(lengths)}). Raise it (--set max_prompt_length={max(lengths)}), or use "
+            "fewer few-shot examples (--set few_shot=0)."
+        )
     return Dataset.from_list(rows), len(dataset) - len(rows)

@@ -27,8 +27,14 @@ from grpo_kit.runs import atomic_write_text
 
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
 #: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
-PINNED_GENERATION = {"num_beams": 1, "top_k": 0, "top_p": 1.0, "typical_p": 1.0, "repetition_penalty": 1.0,
-                     "no_repeat_ngram_size": 0}
+PINNED_GENERATION = {
+    "num_beams": 1,
+    "top_k": 0,
+    "top_p": 1.0,
+    "typical_p": 1.0,
+    "repetition_penalty": 1.0,
+    "no_repeat_ngram_size": 0,
+}
 
 
 @dataclass(frozen=True)
@@ -55,8 +61,10 @@ class EvalResult:
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def summary(self) -> str:
-        return (f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
-                f"{100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}")
+        return (
+            f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
+            f"{100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}"
+        )
 
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
@@ -65,18 +73,25 @@ def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
 
     text = prefill + completion
     lenient = extract_last_number(text)
-    return {"extracted_strict": extract_tagged_answer(text), "extracted_lenient": lenient,
-            "correct_strict": REWARDS["correctness"]([text], answer=gold)[0] > 0,
-            "correct_lenient": answers_match(lenient, gold), "in_format": REWARDS["format"]([text])[0] > 0}
+    return {
+        "extracted_strict": extract_tagged_answer(text),
+        "extracted_lenient": lenient,
+        "correct_strict": REWARDS["correctness"]([text], answer=gold)[0] > 0,
+        "correct_lenient": answers_match(lenient, gold),
+        "in_format": REWARDS["format"]([text])[0] > 0,
+    }
 
 
-def build_prompts(questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "",
-                  system_prompt: str | None = None) -> list[str]:
+def build_prompts(
+    questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "", system_prompt: str | None = None
+) -> list[str]:
     """Prompt strings as training renders them (``system_prompt`` None = the kit's ``data.SYSTEM_PROMPT``)."""
     from grpo_kit.data import build_messages, render_prompt
 
-    return [render_prompt(build_messages(q, system_prompt=system_prompt, few_shot=few_shot), tokenizer, prefill)
-            for q in questions]
+    return [
+        render_prompt(build_messages(q, system_prompt=system_prompt, few_shot=few_shot), tokenizer, prefill)
+        for q in questions
+    ]
 
 
 # ------------------------------------------------------------------------------------------------ generation
@@ -89,9 +104,20 @@ def stop_token_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(int(token) for token in ends if token is not None))
 
 
-def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, batch_size: int = 8,
-             num_samples: int = 1, temperature: float | None = None, seed: int = 0, progress: bool = True,
-             desc: str = "generating", streamer=None) -> list[list[tuple[str, int]]]:
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    *,
+    max_new_tokens: int,
+    batch_size: int = 8,
+    num_samples: int = 1,
+    temperature: float | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "generating",
+    streamer=None,
+) -> list[list[tuple[str, int]]]:
     """The kit's one generate loop: per prompt, ``num_samples`` ``(completion_text, n_tokens)``, seeded by ``seed``.
 
     A model with Unsloth's vLLM engine generates there, with its active LoRA adapter (``engine_lora_request``). Any other
@@ -105,23 +131,34 @@ def generate(model, tokenizer, prompts: Sequence[str], *, max_new_tokens: int, b
     if _use_vllm(model):
         from vllm import SamplingParams  # GPU only
 
-        params = SamplingParams(n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed)
+        params = SamplingParams(
+            n=num_samples, temperature=temperature or 0.0, top_p=1.0, max_tokens=max_new_tokens, seed=seed
+        )
         with engine_lora_request(model) as request:  # the engine holds the base weights: add the adapter
             outputs = model.fast_generate(list(prompts), sampling_params=params, lora_request=request, use_tqdm=False)
         return [[(o.text, len(o.token_ids)) for o in output.outputs] for output in outputs]
     torch.manual_seed(seed)
     stops = stop_token_ids(model, tokenizer)
-    config = GenerationConfig(**PINNED_GENERATION, do_sample=bool(temperature), temperature=temperature or 1.0,
-                              max_new_tokens=max_new_tokens, num_return_sequences=num_samples, eos_token_id=stops,
-                              pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id)
+    config = GenerationConfig(
+        **PINNED_GENERATION,
+        do_sample=bool(temperature),
+        temperature=temperature or 1.0,
+        max_new_tokens=max_new_tokens,
+        num_return_sequences=num_samples,
+        eos_token_id=stops,
+        pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id,
+    )
     results: list[list[tuple[str, int]]] = []
     model.eval()  # dropout off; a trainer puts the model back in train mode at every step (Trainer.training_step)
     for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
-        inputs = tokenizer(list(prompts[start : start + batch_size]), return_tensors="pt", padding=True,
-                           padding_side="left")
+        inputs = tokenizer(
+            list(prompts[start : start + batch_size]), return_tensors="pt", padding=True, padding_side="left"
+        )
         inputs = inputs.to(next(model.parameters()).device)
         with torch.no_grad():
-            new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
+            new = model.generate(**inputs, generation_config=config, streamer=streamer)[
+                :, inputs["input_ids"].shape[1] :
+            ]
         lengths = [next((i + 1 for i, t in enumerate(row.tolist()) if t in stops), len(row)) for row in new]
         pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
         results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]
@@ -148,9 +185,11 @@ def engine_lora_request(model):
         yield None
         return
     if getattr(model, "load_lora", None) is None:
-        raise GrpoKitError("This model's vLLM engine cannot load its LoRA adapter (no load_lora), so it would score the "
-                           "base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or through "
-                           "grpo_kit.models.load_inference_model (transformers generate).")
+        raise GrpoKitError(
+            "This model's vLLM engine cannot load its LoRA adapter (no load_lora), so it would score the "
+            "base model. Load it with Unsloth's FastLanguageModel + get_peft_model, or through "
+            "grpo_kit.models.load_inference_model (transformers generate)."
+        )
     with tempfile.TemporaryDirectory(prefix="grpo-kit-lora-") as folder:
         yield model.load_lora(folder, load_tensors=True)
 
@@ -158,37 +197,76 @@ def engine_lora_request(model):
 # ------------------------------------------------------------------------------------------------ evaluate
 
 
-def evaluate(model, tokenizer, dataset, *, max_new_tokens: int = 256, batch_size: int = 8, few_shot: int = 0,
-             prefill: str = "", system_prompt: str | None = None, seed: int = 0, progress: bool = True,
-             label: str = "") -> EvalResult:
+def evaluate(
+    model,
+    tokenizer,
+    dataset,
+    *,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    few_shot: int = 0,
+    prefill: str = "",
+    system_prompt: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    label: str = "",
+) -> EvalResult:
     """Greedy pass@1 of ``model`` on ``dataset`` (``question``/``answer`` columns; ``seed``: the one it was drawn with).
 
     About 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
     """
     for column in ("question", "answer"):
         if column not in dataset.column_names:
-            raise GrpoKitError(f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}.")
+            raise GrpoKitError(
+                f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}."
+            )
     if len(dataset) == 0:
         raise GrpoKitError("evaluate got no questions; load some with load_gsm8k('sample', 'test').")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
     prompts = build_prompts(questions, tokenizer, few_shot=few_shot, prefill=prefill, system_prompt=system_prompt)
-    greedy = generate(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size, progress=progress,
-                      desc=f"eval {label}".strip())
-    rows = [{"question": question, "gold": gold, "completion": completion, "completion_tokens": n_tokens,
-             **_score_row(completion, gold, prefill)}
-            for question, gold, [(completion, n_tokens)] in zip(questions, golds, greedy, strict=True)]
+    greedy = generate(
+        model,
+        tokenizer,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        batch_size=batch_size,
+        progress=progress,
+        desc=f"eval {label}".strip(),
+    )
+    rows = [
+        {
+            "question": question,
+            "gold": gold,
+            "completion": completion,
+            "completion_tokens": n_tokens,
+            **_score_row(completion, gold, prefill),
+        }
+        for question, gold, [(completion, n_tokens)] in zip(questions, golds, greedy, strict=True)
+    ]
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     protocol = (
         f"{dataset.info.description or 'GSM8K-format questions'}, n={len(rows)} "
         f"(seed {seed}); chat prompt: {'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
         f"few_shot={few_shot}, prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; strict = number "
         "inside the last <answer></answer>, lenient = last number in the text, both normalized and compared exactly "
-        "(grpo_kit.answers)")
-    return EvalResult(mean("correct_strict"), mean("correct_lenient"), mean("in_format"), mean("completion_tokens"),
-                      n=len(rows), seed=seed, protocol=protocol, label=label, rows=tuple(rows))
+        "(grpo_kit.answers)"
+    )
+    return EvalResult(
+        mean("correct_strict"),
+        mean("correct_lenient"),
+        mean("in_format"),
+        mean("completion_tokens"),
+        n=len(rows),
+        seed=seed,
+        protocol=protocol,
+        label=label,
+        rows=tuple(rows),
+    )
 
 
-def evaluate_before_after(model_id: str, adapter_dir: str | os.PathLike, dataset, **kwargs) -> tuple[EvalResult, EvalResult]:
+def evaluate_before_after(
+    model_id: str, adapter_dir: str | os.PathLike, dataset, **kwargs
+) -> tuple[EvalResult, EvalResult]:
     """``(base, tuned)`` on the same questions. The model loads once with the adapter; "base" runs inside PEFT's
     ``disable_adapter()``, so both share exactly the same base weights. ``kwargs`` go to ``evaluate``."""
     from grpo_kit.models import load_inference_model
@@ -236,18 +314,22 @@ class PairedDifference:
 
     def summary(self) -> str:
         span = lambda i: f"[{100 * i[0]:.1f}, {100 * i[1]:.1f}]"  # noqa: E731
-        return (f"before {100 * self.before:.1f} % {span(wilson(round(self.before * self.n), self.n))}  after "
-                f"{100 * self.after:.1f} % {span(wilson(round(self.after * self.n), self.n))}  (n={self.n}, 95 % Wilson)\n"
-                f"change {100 * self.difference:+.1f} points, 95 % paired interval {span(self.interval)} (Newcombe); zero "
-                f"is {'outside' if self.significant else 'NOT outside'} it\nMcNemar exact: {self.gained} questions "
-                f"gained, {self.lost} lost, p = {self.p_value:.2g}")
+        return (
+            f"before {100 * self.before:.1f} % {span(wilson(round(self.before * self.n), self.n))}  after "
+            f"{100 * self.after:.1f} % {span(wilson(round(self.after * self.n), self.n))}  (n={self.n}, 95 % Wilson)\n"
+            f"change {100 * self.difference:+.1f} points, 95 % paired interval {span(self.interval)} (Newcombe); zero "
+            f"is {'outside' if self.significant else 'NOT outside'} it\nMcNemar exact: {self.gained} questions "
+            f"gained, {self.lost} lost, p = {self.p_value:.2g}"
+        )
 
 
 def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDifference:
     """Change in accuracy between two scorings of the same questions (``before[i]`` and ``after[i]`` pair up)."""
     if len(before) != len(after) or not before:
-        raise GrpoKitError(f"paired_difference needs the same questions scored twice: got {len(before)} and "
-                           f"{len(after)} results. Evaluate both models on the same held-out set.")
+        raise GrpoKitError(
+            f"paired_difference needs the same questions scored twice: got {len(before)} and "
+            f"{len(after)} results. Evaluate both models on the same held-out set."
+        )
     n, pairs = len(before), [(bool(x), bool(y)) for x, y in zip(before, after, strict=True)]
     both, lost, gained = pairs.count((True, True)), pairs.count((True, False)), pairs.count((False, True))
     neither = n - both - lost - gained
@@ -259,15 +341,27 @@ def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDi
     phi = (max(numerator - n / 2, 0.0) if numerator > 0 else numerator) / denominator if denominator else 0.0
     low = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     high = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
-    return PairedDifference(n, p2, p1, p1 - p2, (max(-1.0, p1 - p2 - low), min(1.0, p1 - p2 + high)), gained, lost,
-                            mcnemar_exact(lost, gained))
+    return PairedDifference(
+        n,
+        p2,
+        p1,
+        p1 - p2,
+        (max(-1.0, p1 - p2 - low), min(1.0, p1 - p2 + high)),
+        gained,
+        lost,
+        mcnemar_exact(lost, gained),
+    )
 
 
 def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base", "tuned")) -> str:
     """Side-by-side table of two results, the paired strict-accuracy statistics when both hold rows for the same
     questions, and the protocol."""
-    rows = [("accuracy (strict)", "accuracy_strict"), ("accuracy (lenient)", "accuracy_lenient"),
-            ("format rate", "format_rate"), ("mean length (tokens)", "mean_completion_tokens")]
+    rows = [
+        ("accuracy (strict)", "accuracy_strict"),
+        ("accuracy (lenient)", "accuracy_lenient"),
+        ("format rate", "format_rate"),
+        ("mean length (tokens)", "mean_completion_tokens"),
+    ]
     lines = [f"{'metric':<22}{names[0]:>10}{names[1]:>12}{'change':>9}"]
     for title, key in rows:
         left, right = getattr(base, key), getattr(tuned, key)
@@ -306,8 +400,10 @@ class HarnessResult:
     label: str = ""
 
     def summary(self) -> str:
-        return (f"{self.task}: strict-match {100 * self.strict_match:.1f} % | "
-                f"flexible-extract {100 * self.flexible_extract:.1f} % | n={self.n}")
+        return (
+            f"{self.task}: strict-match {100 * self.strict_match:.1f} % | "
+            f"flexible-extract {100 * self.flexible_extract:.1f} % | n={self.n}"
+        )
 
     def save(self, path: str | os.PathLike) -> Path:
         return atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
@@ -325,8 +421,15 @@ def task_config(task_manager, test_file: Path) -> dict[str, Any]:
     return {**config, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": data_files}}
 
 
-def evaluate_harness(model: str, dataset, *, adapter: str | os.PathLike | None = None, max_new_tokens: int = 256,
-                     batch_size: int = 8, label: str = "") -> HarnessResult:
+def evaluate_harness(
+    model: str,
+    dataset,
+    *,
+    adapter: str | os.PathLike | None = None,
+    max_new_tokens: int = 256,
+    batch_size: int = 8,
+    label: str = "",
+) -> HarnessResult:
     """lm-eval's ``HARNESS_TASK`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
     itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
     import torch
@@ -339,30 +442,55 @@ def evaluate_harness(model: str, dataset, *, adapter: str | os.PathLike | None =
         from lm_eval.models.huggingface import HFLM
         from lm_eval.tasks import TaskManager
     except ImportError as error:
-        raise GrpoKitError(f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
-                           f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness.") from error
+        raise GrpoKitError(
+            f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
+            f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness."
+        ) from error
     if adapter is not None:  # a missing, torn or NaN adapter is reported before lm-eval loads the model
         check_adapter(adapter, use=f"evaluate the adapter {adapter}")
     # 16 bits on a GPU as the kit's own protocol loads it (fp16 on a T4, which has no bf16): "auto" would take the
     # checkpoint's bf16 there.
     cuda = torch.cuda.is_available()
-    lm = HFLM(pretrained=resolve_model_id(model), peft=str(adapter) if adapter else None,
-              device="cuda" if cuda else "cpu", dtype=half_dtype_name() if cuda else "float32", batch_size=batch_size)
+    lm = HFLM(
+        pretrained=resolve_model_id(model),
+        peft=str(adapter) if adapter else None,
+        device="cuda" if cuda else "cpu",
+        dtype=half_dtype_name() if cuda else "float32",
+        batch_size=batch_size,
+    )
     # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
     manager = TaskManager(include_path=str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k"), include_defaults=False)
     with tempfile.TemporaryDirectory(prefix="grpo-kit-harness-") as folder:
         test_file = Path(folder) / "test.jsonl"
-        test_file.write_text("".join(json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
-                                     for q, a in zip(dataset["question"], dataset["answer"], strict=True)), encoding="utf-8")
-        results = lm_eval.simple_evaluate(model=lm, tasks=[task_config(manager, test_file)],
-                                          task_manager=manager, gen_kwargs={"max_gen_toks": max_new_tokens},
-                                          log_samples=False, bootstrap_iters=0)
+        test_file.write_text(
+            "".join(
+                json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
+                for q, a in zip(dataset["question"], dataset["answer"], strict=True)
+            ),
+            encoding="utf-8",
+        )
+        results = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[task_config(manager, test_file)],
+            task_manager=manager,
+            gen_kwargs={"max_gen_toks": max_new_tokens},
+            log_samples=False,
+            bootstrap_iters=0,
+        )
     row = results["results"][HARNESS_TASK]
-    protocol = (f"lm-evaluation-harness {lm_eval.__version__} task {HARNESS_TASK} (8 fixed chain-of-thought examples, "
-                f"'Q: ... A:' prompts, no chat template), n={len(dataset)}, greedy, max_gen_toks={max_new_tokens}; "
-                "strict-match = 'The answer is N', flexible-extract = last number-like string; exact_match")
-    return HarnessResult(HARNESS_TASK, float(row["exact_match,strict-match"]),
-                         float(row["exact_match,flexible-extract"]), len(dataset), protocol, label)
+    protocol = (
+        f"lm-evaluation-harness {lm_eval.__version__} task {HARNESS_TASK} (8 fixed chain-of-thought examples, "
+        f"'Q: ... A:' prompts, no chat template), n={len(dataset)}, greedy, max_gen_toks={max_new_tokens}; "
+        "strict-match = 'The answer is N', flexible-extract = last number-like string; exact_match"
+    )
+    return HarnessResult(
+        HARNESS_TASK,
+        float(row["exact_match,strict-match"]),
+        float(row["exact_match,flexible-extract"]),
+        len(dataset),
+        protocol,
+        label,
+    )
 
 
 # ------------------------------------------------------------------------------------------------ chat and the CLI
@@ -383,7 +511,8 @@ def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[
     config = Path(adapter or "") / "adapter_config.json"
     if adapter and not model:
         model = recipe.get("model_name_or_path") or (
-            json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path") if config.is_file() else None)
+            json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path") if config.is_file() else None
+        )
     exported = next((Path(folder) / PROMPT_FILE for folder in (adapter, model) if folder), None)
     if not recipe and exported and exported.is_file():
         recipe = json.loads(exported.read_text(encoding="utf-8"))
@@ -401,8 +530,18 @@ def write_prompt(folder: Path, settings: dict[str, Any]) -> None:
     (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = "", system_prompt: str | None = None,
-        max_new_tokens: int = 256, temperature: float | None = None, stream: bool = True) -> str:
+def ask(
+    model,
+    tokenizer,
+    question: str,
+    *,
+    few_shot: int = 0,
+    prefill: str = "",
+    system_prompt: str | None = None,
+    max_new_tokens: int = 256,
+    temperature: float | None = None,
+    stream: bool = True,
+) -> str:
     """The model's reply to ``question`` with the training prompt (``prefill`` included, so it reads from ``<think>``).
 
     Greedy unless ``temperature`` is given. ``stream=True`` prints the reply as transformers generates it; a model
@@ -415,8 +554,15 @@ def ask(model, tokenizer, question: str, *, few_shot: int = 0, prefill: str = ""
     streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True) if stream and not vllm else None
     if stream:
         print(prefill, end="", flush=True)
-    text = generate(model, tokenizer, prompt, max_new_tokens=max_new_tokens, temperature=temperature, progress=False,
-                    streamer=streamer)[0][0][0]
+    text = generate(
+        model,
+        tokenizer,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        progress=False,
+        streamer=streamer,
+    )[0][0][0]
     if stream and vllm:
         print(text, flush=True)
     return prefill + text
@@ -428,9 +574,11 @@ def cli_chat(args) -> int:
 
     question = " ".join(args.question).strip()
     if not question:
-        raise GrpoKitError(f"{'The question is empty' if args.question else 'No question given'}. Ask one: "
-                           'grpo-kit chat "What is 17 + 25?". For a conversation, call `ask` in a notebook '
-                           '(notebooks/00_train_grpo_colab.ipynb, "Talk to it").')
+        raise GrpoKitError(
+            f"{'The question is empty' if args.question else 'No question given'}. Ask one: "
+            'grpo-kit chat "What is 17 + 25?". For a conversation, call `ask` in a notebook '
+            '(notebooks/00_train_grpo_colab.ipynb, "Talk to it").'
+        )
     set_torch_threads()
     base, settings = run_settings(args.model, args.adapter)
     model, tokenizer = load_inference_model(base, args.adapter)
@@ -446,8 +594,9 @@ def cli_eval(args) -> int:
     from grpo_kit.models import load_inference_model, set_torch_threads
 
     if min(args.batch_size, args.max_new_tokens) < 1:
-        raise GrpoKitError(f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, "
-                           f"{args.max_new_tokens}).")
+        raise GrpoKitError(
+            f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, {args.max_new_tokens})."
+        )
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
     if args.harness and args.harness != HARNESS_TASK:  # before anything loads
@@ -455,18 +604,33 @@ def cli_eval(args) -> int:
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = run_settings(args.model, args.adapter)
-    runs = {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
+    runs = (
+        {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
+    )
     started = time.time()
     if args.harness:
-        results = {name: evaluate_harness(base, dataset, adapter=adapter, label=name,
-                                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size) for name, adapter in runs.items()}
+        results = {
+            name: evaluate_harness(
+                base,
+                dataset,
+                adapter=adapter,
+                label=name,
+                max_new_tokens=args.max_new_tokens,
+                batch_size=args.batch_size,
+            )
+            for name, adapter in runs.items()
+        }
         print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
     else:
         options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
-        print(f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
-              f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})")
+        print(
+            f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
+            f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})"
+        )
         if args.compare:
-            results = dict(zip(runs, evaluate_before_after(base, args.adapter, dataset, **options, **settings), strict=True))
+            results = dict(
+                zip(runs, evaluate_before_after(base, args.adapter, dataset, **options, **settings), strict=True)
+            )
             print(compare(results["base"], results["tuned"]))
         else:
             model, tokenizer = load_inference_model(base, args.adapter)
@@ -475,5 +639,7 @@ def cli_eval(args) -> int:
     print(f"protocol: {next(iter(results.values())).protocol}\nwall time {time.time() - started:.0f} s")
     for name, result in results.items() if args.out else ():
         out = Path(args.out)
-        print(f"wrote {result.save(out if name != 'base' or len(runs) == 1 else out.with_name(f'{out.stem}-base.json'))}")
+        print(
+            f"wrote {result.save(out if name != 'base' or len(runs) == 1 else out.with_name(f'{out.stem}-base.json'))}"
+        )
     return 0

@@ -58,11 +58,16 @@ class ExportResult:
 
     def to_dict(self, relative_to: Path | None = None) -> dict:
         """The fields as JSON values, ``path`` relative to ``relative_to`` when given (export.json, tables)."""
-        return {**dataclasses.asdict(self), "path": str(self.path.relative_to(relative_to) if relative_to else self.path)}
+        return {
+            **dataclasses.asdict(self),
+            "path": str(self.path.relative_to(relative_to) if relative_to else self.path),
+        }
 
     def __str__(self) -> str:
-        return (f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
-                f"({self.detail}; LoRA effect {self.lora_effect:.2e})")
+        return (
+            f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
+            f"({self.detail}; LoRA effect {self.lora_effect:.2e})"
+        )
 
 
 def default_name(adapter_dir: Path) -> str:
@@ -95,12 +100,16 @@ class _Tally:
         if self.problem:
             return
         if got is None or got.numel() != expected.numel():
-            self.problem = (f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not "
-                            f"{expected.numel()}")
+            self.problem = (
+                f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not {expected.numel()}"
+            )
             return
         got = got.float().reshape(expected.shape)
-        if bad := [what for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
-                   if not bool(torch.isfinite(t).all())]:
+        if bad := [
+            what
+            for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
+            if not bool(torch.isfinite(t).all())
+        ]:
             self.problem = f"{label}: NaN/inf in {' and '.join(bad)}"
             return
         diff, to_base, change = (got - expected).abs(), (got - base).abs(), (expected - base).abs()
@@ -140,14 +149,24 @@ def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportR
         elif not to_tuned[-1] < to_base[-1]:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
     if problems:
-        raise GrpoKitError(f"Export verification failed for {fmt} ({detail}): {'; '.join(problems[:5])}. Nothing was "
-                           "written to the export folder. Keep the adapter itself (--format lora) and report the "
-                           "message: a bug in the export path or a corrupt adapter.")
-    note = f"{fmt}: the adapter changes nothing checked here (LoRA B still zero?); check that training ran." if (
-        not to_tuned) else (f"{fmt}: in {lost} of {len(to_tuned)} checks the adapter's effect is lost in the storage "
-                            "noise; there a merged LoRA cannot be told from a missing one." if lost else "")
-    return ExportResult(fmt, path, detail, *(worst or (0.0, 0.0)), fmean(to_tuned or [0.0]), effect,
-                        fmean(to_base or [0.0]), note)
+        raise GrpoKitError(
+            f"Export verification failed for {fmt} ({detail}): {'; '.join(problems[:5])}. Nothing was "
+            "written to the export folder. Keep the adapter itself (--format lora) and report the "
+            "message: a bug in the export path or a corrupt adapter."
+        )
+    note = (
+        f"{fmt}: the adapter changes nothing checked here (LoRA B still zero?); check that training ran."
+        if (not to_tuned)
+        else (
+            f"{fmt}: in {lost} of {len(to_tuned)} checks the adapter's effect is lost in the storage "
+            "noise; there a merged LoRA cannot be told from a missing one."
+            if lost
+            else ""
+        )
+    )
+    return ExportResult(
+        fmt, path, detail, *(worst or (0.0, 0.0)), fmean(to_tuned or [0.0]), effect, fmean(to_base or [0.0]), note
+    )
 
 
 def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
@@ -155,8 +174,10 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     deltas of an 8B model at once would not fit in a Colab's RAM); ``delta(rows=slice(a, b))`` gives rows a to b."""
     config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
     if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
-        raise GrpoKitError("The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
-                           "export --format lora.")
+        raise GrpoKitError(
+            "The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
+            "export --format lora."
+        )
     scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
     weights = _tensors(adapter_dir)  # memory-mapped, a factor read when its delta is asked for
 
@@ -193,13 +214,20 @@ def _tensors(folder: Path) -> dict[str, _Stored]:
     """``{tensor name: _Stored}`` of a checkpoint folder, sharded or not. The index names the shards: a Hub snapshot
     may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
-    files = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()) if index.is_file() else [
-        path.name for path in folder.glob("*.safetensors")]
+    files = (
+        set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        if index.is_file()
+        else [path.name for path in folder.glob("*.safetensors")]
+    )
     found = {}
     for file in sorted(files):
         with safe_open(str(folder / file), framework="pt") as handle:
-            found.update({name: _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
-                          for name in handle.keys()})
+            found.update(
+                {
+                    name: _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
+                    for name in handle.keys()
+                }
+            )
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
@@ -226,8 +254,11 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
         def read_export(name, rows=slice(None)):  # None when missing, as gguf_tensors' read()
             return files[name][rows] if name in files else None
 
-        entries = {name: (name, functools.partial(read_export, name)) for name in base_files
-                   if name in files or name != "lm_head.weight"}  # a tied head may be left out: its embedding is here
+        entries = {
+            name: (name, functools.partial(read_export, name))
+            for name in base_files
+            if name in files or name != "lm_head.weight"
+        }  # a tied head may be left out: its embedding is here
 
     def items():  # block by block: never a whole large tensor in float32
         for name, (label, read) in entries.items():
@@ -237,8 +268,13 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
                 yield label, read(rows), base + deltas[name](rows) if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
-    return compare(fmt, items(), gguf_files.WEIGHT_RTOL[kind], path=path,
-                   detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA")
+    return compare(
+        fmt,
+        items(),
+        gguf_files.WEIGHT_RTOL[kind],
+        path=path,
+        detail=f"{kind}: {len(entries)} tensors{what} compared with base + LoRA",
+    )
 
 
 def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
@@ -251,10 +287,12 @@ def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
         if name not in base or base[name].get_shape() != want:
             config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
             has = base[name].get_shape() if name in base else "no such weight"
-            raise GrpoKitError(f"The adapter in {adapter_dir} does not fit the model {model}: it was trained on "
-                               f"{config.get('base_model_name_or_path') or '(not recorded)'} (adapter_config.json): "
-                               f"pass that model as --model. (size mismatch for {name}: the adapter needs {want}, the "
-                               f"base has {has})")
+            raise GrpoKitError(
+                f"The adapter in {adapter_dir} does not fit the model {model}: it was trained on "
+                f"{config.get('base_model_name_or_path') or '(not recorded)'} (adapter_config.json): "
+                f"pass that model as --model. (size mismatch for {name}: the adapter needs {want}, the "
+                f"base has {has})"
+            )
 
 
 def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
@@ -286,8 +324,10 @@ def trained_base(adapter_dir: Path, run: dict) -> str:
         return str(model)
     if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
         return recorded
-    raise GrpoKitError(f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
-                       "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct).")
+    raise GrpoKitError(
+        f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
+        "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct)."
+    )
 
 
 def training_steps(adapter_dir: Path) -> int | None:
@@ -305,52 +345,106 @@ def model_card(info: Mapping[str, Any]) -> str:
     run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
     kinds, base = {r["format"] for r in formats}, info["base_model_hub"] or info["base_model"]
     where = info["repo"] or f"exports/{info['name']}"
-    lines = ["---", f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}", "tags: [grpo, gsm8k, grpo-kit]",
-             *([f"base_model: {info['base_model_hub']}"] if info["base_model_hub"] else []), "---", "",
-             f"# {info['name']}", "", f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
-             f"GSM8K-style math word problems, made with grpo-kit. {info['base_model_note']}", "", "## Training", ""]
-    rows = {"recipe": recipe.get("name"), "data": run.get("data"), "rewards": ", ".join(run.get("reward_names") or []),
-            "steps": info["steps"], "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}"}
+    lines = [
+        "---",
+        f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}",
+        "tags: [grpo, gsm8k, grpo-kit]",
+        *([f"base_model: {info['base_model_hub']}"] if info["base_model_hub"] else []),
+        "---",
+        "",
+        f"# {info['name']}",
+        "",
+        f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
+        f"GSM8K-style math word problems, made with grpo-kit. {info['base_model_note']}",
+        "",
+        "## Training",
+        "",
+    ]
+    rows = {
+        "recipe": recipe.get("name"),
+        "data": run.get("data"),
+        "rewards": ", ".join(run.get("reward_names") or []),
+        "steps": info["steps"],
+        "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}",
+    }
     table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
     lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
-    lines += ["", "## Evaluation", "", "| model | n | strict acc. | lenient acc. | format rate | mean tokens |",
-              "|---|---|---|---|---|---|"] if info["evals"] else ["", "## Evaluation", "", "No evaluation attached."]
+    lines += (
+        [
+            "",
+            "## Evaluation",
+            "",
+            "| model | n | strict acc. | lenient acc. | format rate | mean tokens |",
+            "|---|---|---|---|---|---|",
+        ]
+        if info["evals"]
+        else ["", "## Evaluation", "", "No evaluation attached."]
+    )
     for name, m in (info["evals"] or {}).items():
-        cells = ["?" if m.get(k) is None else f"{100 * m[k]:.1f} %" for k in ("accuracy_strict", "accuracy_lenient",
-                                                                              "format_rate")]
+        cells = [
+            "?" if m.get(k) is None else f"{100 * m[k]:.1f} %"
+            for k in ("accuracy_strict", "accuracy_lenient", "format_rate")
+        ]
         tokens = "?" if m.get("mean_completion_tokens") is None else f"{m['mean_completion_tokens']:.1f}"
         lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
     protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
     if protocols:
         lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
-    lines += ["", "## Verification", "", "Each file was read back and compared weight by weight with base + adapter "
-              "within the limit of its storage type, and had to sit closer to base + adapter than to the base.", "",
-              "| format | file | checked as | max diff | limit | mean diff to tuned / to base | LoRA effect |",
-              "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['format']} | `{r['path']}` | {r['detail']} | {r['max_abs_diff']:.3g} | {r['tolerance']:.3g} | "
-              f"{r['mean_abs_diff']:.3g} / {r['mean_abs_diff_base']:.3g} | {r['lora_effect']:.3g} |" for r in formats]
-    usage = {"lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
-                     f'"lora")`',
-             "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`',
-             "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
-                     f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`"}
+    lines += [
+        "",
+        "## Verification",
+        "",
+        "Each file was read back and compared weight by weight with base + adapter "
+        "within the limit of its storage type, and had to sit closer to base + adapter than to the base.",
+        "",
+        "| format | file | checked as | max diff | limit | mean diff to tuned / to base | LoRA effect |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {r['format']} | `{r['path']}` | {r['detail']} | {r['max_abs_diff']:.3g} | {r['tolerance']:.3g} | "
+        f"{r['mean_abs_diff']:.3g} / {r['mean_abs_diff_base']:.3g} | {r['lora_effect']:.3g} |"
+        for r in formats
+    ]
+    usage = {
+        "lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
+        f'"lora")`',
+        "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`',
+        "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
+        f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`",
+    }
     lines += [f"- {r['note']}" for r in formats if r["note"]]
     if info.get("answers"):
-        lines += ["", "The merged model's answers next to base + adapter's (greedy, the training prompt, the kit's "
-                  "bundled held-out questions):", "", "| model | n | strict acc. | format rate |", "|---|---|---|---|"]
-        lines += [f"| {label} | {m['n']} | {100 * m['accuracy_strict']:.1f} % | {100 * m['format_rate']:.1f} % |"
-                  for label, m in info["answers"].items()]
+        lines += [
+            "",
+            "The merged model's answers next to base + adapter's (greedy, the training prompt, the kit's "
+            "bundled held-out questions):",
+            "",
+            "| model | n | strict acc. | format rate |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {label} | {m['n']} | {100 * m['accuracy_strict']:.1f} % | {100 * m['format_rate']:.1f} % |"
+            for label, m in info["answers"].items()
+        ]
     lines += ["", "## How to load", ""]
     lines += [f"- {kind}: {usage[kind]}" for kind in FORMATS if kind in kinds]
     lines += ["", "## How to prompt it", ""]
     if prompt := info.get("prompt"):
-        lines += [f"As in training: the system prompt and {prompt['few_shot']} worked example(s) before the question, "
-                  f"and the reply started with {prompt['prefill']!r}. `grpo-kit eval --model` and `grpo-kit chat "
-                  f"--model` read them from `{PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
-                  "", "```python", "import json", "", f'prompt = json.load(open("merged16/{PROMPT_FILE}"))',
-                  'messages = prompt["messages_before_question"] + [{"role": "user", "content": question}]',
-                  "text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)",
-                  'text += prompt["reply_starts_with"]  # the model goes on from there', "```", ""]
+        lines += [
+            f"As in training: the system prompt and {prompt['few_shot']} worked example(s) before the question, "
+            f"and the reply started with {prompt['prefill']!r}. `grpo-kit eval --model` and `grpo-kit chat "
+            f"--model` read them from `{PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
+            "",
+            "```python",
+            "import json",
+            "",
+            f'prompt = json.load(open("merged16/{PROMPT_FILE}"))',
+            'messages = prompt["messages_before_question"] + [{"role": "user", "content": question}]',
+            "text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)",
+            'text += prompt["reply_starts_with"]  # the model goes on from there',
+            "```",
+            "",
+        ]
     lines += ["It answers as `<think> reasoning </think><answer> number </answer>`."]
     return "\n".join(lines) + "\n"
 
@@ -359,17 +453,21 @@ def push_folder(folder: Path, repo: str) -> str:
     """Upload a verified export with the token ``huggingface_hub`` finds (``HF_TOKEN``, ``hf auth login``, Colab's
     ``HF_TOKEN`` secret), never printing it; returns the repo's URL."""
     if not (token := get_token()):
-        raise GrpoKitError(f"No Hugging Face token for pushing to {repo}. Set HF_TOKEN (a write token from "
-                           "https://huggingface.co/settings/tokens), or in Colab add it as the secret 'HF_TOKEN'. The "
-                           f"export itself is complete in {folder}.")
+        raise GrpoKitError(
+            f"No Hugging Face token for pushing to {repo}. Set HF_TOKEN (a write token from "
+            "https://huggingface.co/settings/tokens), or in Colab add it as the secret 'HF_TOKEN'. The "
+            f"export itself is complete in {folder}."
+        )
     try:
         api = HfApi(token=token)
         url = api.create_repo(repo, exist_ok=True)
         api.upload_folder(repo_id=repo, folder_path=folder, commit_message="grpo-kit export")
     except Exception as error:  # network, permissions, a bad repo id: say what, and keep the token out of it
-        raise GrpoKitError(f"Upload of {folder} to {repo} failed: {type(error).__name__}: "
-                           f"{str(error).replace(token, '***')}. The export itself is complete and verified on disk in "
-                           f"{folder}; retry with `hf upload {repo} {folder}`.") from None
+        raise GrpoKitError(
+            f"Upload of {folder} to {repo} failed: {type(error).__name__}: "
+            f"{str(error).replace(token, '***')}. The export itself is complete and verified on disk in "
+            f"{folder}; retry with `hf upload {repo} {folder}`."
+        ) from None
     return str(url)
 
 
@@ -389,12 +487,14 @@ def _write_merged16(base_path: str, adapter_dir: Path, tokenizer, folder: Path) 
 
 def _check_target(target: Path, overwrite: bool) -> None:
     if target.exists() and not overwrite:
-        raise GrpoKitError(f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose "
-                           "--name.")
+        raise GrpoKitError(
+            f"{target} already exists. Pass --overwrite (overwrite=True) to replace it, or choose --name."
+        )
 
 
-def check_answers(folder: Path, base: str, adapter_dir: Path, prompt: dict, questions: int,
-                  max_new_tokens: int) -> dict[str, dict]:
+def check_answers(
+    folder: Path, base: str, adapter_dir: Path, prompt: dict, questions: int, max_new_tokens: int
+) -> dict[str, dict]:
     """The merged model's answers next to base + adapter's, greedy, under the training prompt, on ``questions`` of the
     kit's bundled held-out questions: ``{"base + adapter": metrics, "merged16": metrics}``. The weight check cannot
     see a saved config, tokenizer or chat template that changes how the model answers; this can."""
@@ -404,16 +504,26 @@ def check_answers(folder: Path, base: str, adapter_dir: Path, prompt: dict, ques
     dataset, found = load_gsm8k("sample", split="test", limit=questions), {}
     for label, (model_id, adapter) in {"base + adapter": (base, adapter_dir), "merged16": (str(folder), None)}.items():
         model, tokenizer = models.load_inference_model(model_id, adapter)  # one at a time: an 8B is 16 GB in 16 bit
-        found[label] = evaluate(model, tokenizer, dataset, max_new_tokens=max_new_tokens, progress=False, label=label,
-                                **prompt).to_dict()
+        found[label] = evaluate(
+            model, tokenizer, dataset, max_new_tokens=max_new_tokens, progress=False, label=label, **prompt
+        ).to_dict()
         del model
     return found
 
 
-def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora",), *, base_model: str | None = None,
-           out_dir: str | os.PathLike = "exports", name: str | None = None, gguf_type: str | Sequence[str] = "q4_k_m",
-           overwrite: bool = False, push_to_hub: str | None = None, answers: int = 0,
-           print_fn=lambda line: None) -> list[ExportResult]:
+def export(
+    adapter_dir: str | os.PathLike,
+    formats: str | Sequence[str] = ("lora",),
+    *,
+    base_model: str | None = None,
+    out_dir: str | os.PathLike = "exports",
+    name: str | None = None,
+    gguf_type: str | Sequence[str] = "q4_k_m",
+    overwrite: bool = False,
+    push_to_hub: str | None = None,
+    answers: int = 0,
+    print_fn=lambda line: None,
+) -> list[ExportResult]:
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
     ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
@@ -440,10 +550,12 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
     base_path = models.resolve_model_id(merge_base)
     by_unsloth = merging and gguf_files.unsloth_on_gpu()
     if gguf_types and not by_unsloth:
-        raise GrpoKitError(f"GGUF files are made by llama.cpp, through Unsloth on a GPU, and this machine has "
-                           f"{'no CUDA GPU' if not torch.cuda.is_available() else 'no Unsloth'}. Export --format "
-                           "merged16 here and convert that folder with llama.cpp's convert_hf_to_gguf.py, or export "
-                           "on a GPU with Unsloth installed (the Colab notebook installs it).")
+        raise GrpoKitError(
+            f"GGUF files are made by llama.cpp, through Unsloth on a GPU, and this machine has "
+            f"{'no CUDA GPU' if not torch.cuda.is_available() else 'no Unsloth'}. Export --format "
+            "merged16 here and convert that folder with llama.cpp's convert_hf_to_gguf.py, or export "
+            "on a GPU with Unsloth installed (the Colab notebook installs it)."
+        )
     runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
     tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
     runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
@@ -467,8 +579,15 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
             scratch = staging / f"unsloth{staging.name}"
             if by_unsloth:
                 in_4bit = merge_base != trained_on or bool((run.get("recipe") or {}).get("load_in_4bit"))
-                made = gguf_files.run_unsloth(adapter_dir, models.resolve_model_id(trained_on), scratch, gguf_types,
-                                              merged16="merged16" in wanted, load_in_4bit=in_4bit, say=print_fn)
+                made = gguf_files.run_unsloth(
+                    adapter_dir,
+                    models.resolve_model_id(trained_on),
+                    scratch,
+                    gguf_types,
+                    merged16="merged16" in wanted,
+                    load_in_4bit=in_4bit,
+                    say=print_fn,
+                )
             files = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
             for kind, path in zip(gguf_types, files, strict=True):
                 path.parent.mkdir(exist_ok=True)
@@ -490,45 +609,64 @@ def export(adapter_dir: str | os.PathLike, formats: str | Sequence[str] = ("lora
                 answered = check_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
-            info = {"name": name, "base_model": merge_base, "base_model_note": note,
-                    "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
-                    "run": run or None, "steps": training_steps(adapter_dir), "evals": evals, "repo": push_to_hub,
-                    "prompt": prompt, "answers": answered,
-                    "formats": [r.to_dict(relative_to=target) for r in results]}
+            info = {
+                "name": name,
+                "base_model": merge_base,
+                "base_model_note": note,
+                "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
+                "run": run or None,
+                "steps": training_steps(adapter_dir),
+                "evals": evals,
+                "repo": push_to_hub,
+                "prompt": prompt,
+                "answers": answered,
+                "formats": [r.to_dict(relative_to=target) for r in results],
+            }
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
             (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
             shutil.rmtree(scratch, ignore_errors=True)
             _check_target(target, overwrite)  # another export may have landed there in the meantime
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays
-        raise GrpoKitError(f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
-                           f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
-                           "its 16-bit size; `export_sizes` lists each file) or choose another --out-dir, then "
-                           "run the export again.") from None
+        raise GrpoKitError(
+            f"The export stopped: {error.strerror or error} ({error.filename or out_dir}); nothing was "
+            f"changed in {target}, and the partial files were removed. Free disk space (merged16 needs "
+            "its 16-bit size; `export_sizes` lists each file) or choose another --out-dir, then "
+            "run the export again."
+        ) from None
     for result in results:
         print_fn(str(result) + (f"\n  note: {result.note}" if result.note else ""))
     for label, m in (answered or {}).items():
-        print_fn(f"answers of {label}: format {100 * m['format_rate']:.1f} %, strict accuracy "
-                 f"{100 * m['accuracy_strict']:.1f} % (n={m['n']}, the training prompt)")
+        print_fn(
+            f"answers of {label}: format {100 * m['format_rate']:.1f} %, strict accuracy "
+            f"{100 * m['accuracy_strict']:.1f} % (n={m['n']}, the training prompt)"
+        )
     if push_to_hub:
         print_fn(f"uploaded {target} to {push_folder(target, push_to_hub)}")
     return results
 
 
-def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, by_unsloth: bool) -> dict[str, int]:
+def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, by_unsloth: bool) -> None:
     """Refuse an export that would not fit on the disk of ``out_dir``, before a byte is written, counting every file
     it writes or downloads (``export_sizes``); the message names the biggest item and what to drop. Unknown model
-    sizes are not checked. Returns the items counted."""
+    sizes are not checked."""
     from grpo_kit.colab import check_fits
 
     sizes = export_sizes(base_path, wanted, gguf_types, by_unsloth=by_unsloth)
     if sizes:
         biggest = max(sizes, key=sizes.get)
-        drop = ("--format lora alone takes megabytes" if biggest.startswith(("merged16", "gguf")) else
-                "export on a machine that has the 16-bit base in its Hugging Face cache, or export fewer formats")
-        check_fits(sizes, out_dir, what=f"the export {name}", fix=f"Nothing was written. The biggest item is {biggest} "
-                   f"({sizes[biggest] / 1e9:.1f} GB): {drop}; or export fewer formats (one --gguf-type), free disk "
-                   "space, or choose another --out-dir.")
-    return sizes
+        drop = (
+            "--format lora alone takes megabytes"
+            if biggest.startswith(("merged16", "gguf"))
+            else "export on a machine that has the 16-bit base in its Hugging Face cache, or export fewer formats"
+        )
+        check_fits(
+            sizes,
+            out_dir,
+            what=f"the export {name}",
+            fix=f"Nothing was written. The biggest item is {biggest} "
+            f"({sizes[biggest] / 1e9:.1f} GB): {drop}; or export fewer formats (one --gguf-type), free disk "
+            "space, or choose another --out-dir.",
+        )
 
 
 def export_sizes(base_path: str, wanted, gguf_types, *, by_unsloth: bool) -> dict[str, int]:
@@ -562,7 +700,16 @@ def cli_export(args) -> int:
     if args.check_answers < 0:
         raise GrpoKitError(f"--check-answers takes a number of questions, 0 or more (got {args.check_answers}).")
     models.set_torch_threads()
-    export(args.adapter, args.format, base_model=args.model, out_dir=args.out_dir, name=args.name,
-           gguf_type=args.gguf_type, overwrite=args.overwrite, push_to_hub=args.push_to_hub, answers=args.check_answers,
-           print_fn=print)
+    export(
+        args.adapter,
+        args.format,
+        base_model=args.model,
+        out_dir=args.out_dir,
+        name=args.name,
+        gguf_type=args.gguf_type,
+        overwrite=args.overwrite,
+        push_to_hub=args.push_to_hub,
+        answers=args.check_answers,
+        print_fn=print,
+    )
     return 0

@@ -36,9 +36,11 @@ GGUF_TYPES = ("q4_k_m", "q5_k_m", "q8_0", "f16")
 #: Bytes per weight of each GGUF type, for the disk-space check (llama.cpp's bits per weight: f16 16, q8_0 8.5, q5_k_m
 #: about 5.7, q4_k_m about 4.9).
 GGUF_BYTES = {"f16": 2.0, "q8_0": 1.0625, "q5_k_m": 0.71, "q4_k_m": 0.61}
-NO_FILES_HELP = ("Unsloth converts with llama.cpp, which it builds on first use (git, cmake, a C++ compiler, internet "
-                 "access). Read the output above, fix the build (e.g. `apt-get install cmake build-essential`) and "
-                 "export again, or export --format merged16 and convert it with llama.cpp's convert_hf_to_gguf.py.")
+NO_FILES_HELP = (
+    "Unsloth converts with llama.cpp, which it builds on first use (git, cmake, a C++ compiler, internet "
+    "access). Read the output above, fix the build (e.g. `apt-get install cmake build-essential`) and "
+    "export again, or export --format merged16 and convert it with llama.cpp's convert_hf_to_gguf.py."
+)
 
 
 def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
@@ -51,8 +53,11 @@ def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) ->
 
 def write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
     """An Ollama ``Modelfile`` beside the GGUF files: ``FROM`` the first type asked for, and the chat's stop tokens."""
-    stops = [f'PARAMETER stop "{stop}"' for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
-             if stop in tokenizer.get_vocab()]
+    stops = [
+        f'PARAMETER stop "{stop}"'
+        for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
+        if stop in tokenizer.get_vocab()
+    ]
     (folder / "Modelfile").write_text("\n".join([f"FROM ./{gguf_files[0].name}", *stops]) + "\n", encoding="utf-8")
 
 
@@ -113,8 +118,16 @@ def base_cached(base_path: str) -> bool:
     return any(Path(folder).glob("*.safetensors"))
 
 
-def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Sequence[str], *, merged16: bool,
-                load_in_4bit: bool, say) -> dict[str, Path]:
+def run_unsloth(
+    adapter_dir: Path,
+    base_path: str,
+    scratch: Path,
+    gguf_types: Sequence[str],
+    *,
+    merged16: bool,
+    load_in_4bit: bool,
+    say,
+) -> dict[str, Path]:
     """Unsloth's savers, in one child process under ``scratch``: ``{"merged16" and/or each GGUF type: path}``.
 
     The adapter is copied with ``adapter_config.json`` naming ``base_path``: Unsloth merges into the base named there,
@@ -125,14 +138,20 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
     adapter = shutil.copytree(adapter_dir, scratch / "adapter")
     config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
     (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base_path}))
-    spec = {"adapter": str(adapter), "out": str(scratch / f"unsloth-{scratch.name}"),  # unique: Unsloth may move it
-            "types": list(gguf_types), "merged16": merged16, "load_in_4bit": load_in_4bit}
+    spec = {
+        "adapter": str(adapter),
+        "out": str(scratch / f"unsloth-{scratch.name}"),  # unique: Unsloth may move it
+        "types": list(gguf_types),
+        "merged16": merged16,
+        "load_in_4bit": load_in_4bit,
+    }
     tail: collections.deque[str] = collections.deque(maxlen=40)
     command = [sys.executable, "-m", "grpo_kit.gguf", json.dumps(spec)]
     # In scratch: llama.cpp's 16-bit GGUF is written to the working directory before quantizing (counted by the
     # space check; removed with scratch), never into the folder the export was started from.
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
-                          cwd=scratch) as child:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, cwd=scratch
+    ) as child:
         try:
             for line in (raw.rstrip("\n") for raw in child.stdout):
                 tail.append(line)
@@ -142,8 +161,11 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
             raise
     report = Path(spec["out"] + ".json")  # the child's answer, written last: a file, not a line lost among its output
     if child.returncode != 0 or not report.is_file():
-        raise GrpoKitError(f"Unsloth's writer failed (exit code {child.returncode}). Its last output:\n"
-                           + "\n".join(tail) + f"\n{NO_FILES_HELP}")
+        raise GrpoKitError(
+            f"Unsloth's writer failed (exit code {child.returncode}). Its last output:\n"
+            + "\n".join(tail)
+            + f"\n{NO_FILES_HELP}"
+        )
     result = json.loads(report.read_text(encoding="utf-8"))
     found = {"merged16": Path(result["merged16"])} if merged16 else {}
     for path in (path for path in map(Path, result["gguf_files"]) if path.is_file()):
@@ -154,8 +176,9 @@ def run_unsloth(adapter_dir: Path, base_path: str, scratch: Path, gguf_types: Se
         if scratch.name in Path(folder).name and Path(folder) != found.get("merged16"):  # merged16 is kept
             shutil.rmtree(folder, ignore_errors=True)
     if missing := [t for t in gguf_types if t not in found]:
-        raise GrpoKitError(f"Unsloth's save_pretrained_gguf ran but returned no .gguf file of type {missing}. "
-                           f"{NO_FILES_HELP}")
+        raise GrpoKitError(
+            f"Unsloth's save_pretrained_gguf ran but returned no .gguf file of type {missing}. {NO_FILES_HELP}"
+        )
     return found
 
 
@@ -165,8 +188,9 @@ def _child(spec: dict) -> None:
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
     from unsloth import FastLanguageModel
 
-    model, tokenizer = FastLanguageModel.from_pretrained(model_name=spec["adapter"], load_in_4bit=spec["load_in_4bit"],
-                                                         dtype=getattr(torch, half_dtype_name()))
+    model, tokenizer = FastLanguageModel.from_pretrained(
+        model_name=spec["adapter"], load_in_4bit=spec["load_in_4bit"], dtype=getattr(torch, half_dtype_name())
+    )
     report = {"merged16": spec["out"] + "-merged16", "gguf_files": [], "folders": []}
     if spec["merged16"]:  # unsloth_zoo's merge_and_overwrite_lora: each 16-bit shard + LoRA, one at a time
         model.save_pretrained_merged(report["merged16"], tokenizer, save_method="merged_16bit")
@@ -177,8 +201,9 @@ def _child(spec: dict) -> None:
         del model
         gc.collect()
         torch.cuda.empty_cache()
-        model, tokenizer = FastLanguageModel.from_pretrained(model_name=report["merged16"], load_in_4bit=True,
-                                                             dtype=getattr(torch, half_dtype_name()))
+        model, tokenizer = FastLanguageModel.from_pretrained(
+            model_name=report["merged16"], load_in_4bit=True, dtype=getattr(torch, half_dtype_name())
+        )
     if spec["types"]:
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
         report["gguf_files"] = [str(p) for p in result.get("gguf_files") or []]

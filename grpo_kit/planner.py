@@ -21,9 +21,15 @@ NF4_BYTES = 0.5 + 1 / 64 + 4 / (64 * 256)
 GPU_OVERHEAD_GIB = 1.5  # CUDA context, cuBLAS/cuDNN workspaces, caching-allocator slack
 VLLM_OVERHEAD_GIB = 0.5  # vLLM's CUDA graphs, sampler and scheduler buffers outside its KV cache
 #: Which side of a LoRA target the projection maps from/to, for counting adapter parameters.
-_TARGET_DIMS = {"q_proj": ("hidden", "q"), "k_proj": ("hidden", "kv"), "v_proj": ("hidden", "kv"),
-                "o_proj": ("q", "hidden"), "gate_proj": ("hidden", "intermediate"),
-                "up_proj": ("hidden", "intermediate"), "down_proj": ("intermediate", "hidden")}
+_TARGET_DIMS = {
+    "q_proj": ("hidden", "q"),
+    "k_proj": ("hidden", "kv"),
+    "v_proj": ("hidden", "kv"),
+    "o_proj": ("q", "hidden"),
+    "gate_proj": ("hidden", "intermediate"),
+    "up_proj": ("hidden", "intermediate"),
+    "down_proj": ("intermediate", "hidden"),
+}
 #: A card is given a tier when it reports at least this fraction of the tier's ``vram_gb`` (rounding, ECC).
 TIER_TOLERANCE = 0.97
 
@@ -45,8 +51,12 @@ class ModelShape:
 
     def dim(self, side: str) -> int:
         head = self.head_dim or self.hidden // self.heads
-        return {"hidden": self.hidden, "q": self.heads * head, "kv": self.kv_heads * head,
-                "intermediate": self.intermediate}[side]
+        return {
+            "hidden": self.hidden,
+            "q": self.heads * head,
+            "kv": self.kv_heads * head,
+            "intermediate": self.intermediate,
+        }[side]
 
     @property
     def linear_params(self) -> int:
@@ -64,16 +74,27 @@ class ModelShape:
         get = config.get if isinstance(config, Mapping) else lambda key: getattr(config, key, None)
         if get("hidden_size") is None and get("text_config") is not None:
             return cls.from_config(get("text_config"))
-        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if get(k) is None]
+        missing = [
+            k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "vocab_size") if get(k) is None
+        ]
         if missing:
-            raise GrpoKitError(f"The model config lacks {', '.join(missing)}, so the VRAM planner cannot read its "
-                               "shape. Pass a decoder-only language model's config (AutoConfig.from_pretrained(id)).")
+            raise GrpoKitError(
+                f"The model config lacks {', '.join(missing)}, so the VRAM planner cannot read its "
+                "shape. Pass a decoder-only language model's config (AutoConfig.from_pretrained(id))."
+            )
         hidden, heads = int(get("hidden_size")), int(get("num_attention_heads"))
-        shape = cls(name=str(get("_name_or_path") or get("model_type") or "custom"), params=0,
-                    layers=int(get("num_hidden_layers")), hidden=hidden,
-                    intermediate=int(get("intermediate_size") or 4 * hidden), heads=heads,
-                    kv_heads=int(get("num_key_value_heads") or heads), vocab=int(get("vocab_size")),
-                    tied_embeddings=bool(get("tie_word_embeddings")), head_dim=int(get("head_dim") or 0))
+        shape = cls(
+            name=str(get("_name_or_path") or get("model_type") or "custom"),
+            params=0,
+            layers=int(get("num_hidden_layers")),
+            hidden=hidden,
+            intermediate=int(get("intermediate_size") or 4 * hidden),
+            heads=heads,
+            kv_heads=int(get("num_key_value_heads") or heads),
+            vocab=int(get("vocab_size")),
+            tied_embeddings=bool(get("tie_word_embeddings")),
+            head_dim=int(get("head_dim") or 0),
+        )
         embeddings = shape.vocab * hidden * (1 if shape.tied_embeddings else 2)
         return replace(shape, params=embeddings + shape.linear_params + (2 * shape.layers + 1) * hidden)
 
@@ -84,8 +105,12 @@ QWEN25_MATH_7B = ModelShape("Qwen2.5-Math-7B", 7_615_616_512, 28, 3584, 18944, 2
 QWEN25_15B = ModelShape("Qwen2.5-1.5B", 1_543_714_304, 28, 1536, 8960, 12, 2, 151936, tied_embeddings=True)
 SMOLLM2_135M = ModelShape("SmolLM2-135M", 134_515_008, 30, 576, 1536, 9, 3, 49152, tied_embeddings=True)
 #: lower-cased fragment of a model id -> its shape (``embedded:smollm2-135m`` matches the last one).
-KNOWN_SHAPES = {"llama-3.1-8b": LLAMA_31_8B, "qwen2.5-math-7b": QWEN25_MATH_7B, "qwen2.5-1.5b": QWEN25_15B,
-                "smollm2-135m": SMOLLM2_135M}
+KNOWN_SHAPES = {
+    "llama-3.1-8b": LLAMA_31_8B,
+    "qwen2.5-math-7b": QWEN25_MATH_7B,
+    "qwen2.5-1.5b": QWEN25_15B,
+    "smollm2-135m": SMOLLM2_135M,
+}
 
 
 def shape_for(model: str) -> ModelShape | None:
@@ -122,18 +147,28 @@ class VramEstimate:
 
     @property
     def total_gib(self) -> float:
-        return (self.weights_gib + self.lora_gib + self.activations_gib + self.logits_gib + self.vllm_gib
-                + self.overhead_gib)
+        return (
+            self.weights_gib
+            + self.lora_gib
+            + self.activations_gib
+            + self.logits_gib
+            + self.vllm_gib
+            + self.overhead_gib
+        )
 
     def fits(self) -> bool:
         return self.total_gib <= self.card_gib
 
     def format(self) -> str:
-        rows = {f"weights ({self.weight_bits}-bit)": self.weights_gib,
-                f"LoRA: {self.lora_params / 1e6:.1f}M params + grads + Adam": self.lora_gib,
-                "activations (one micro-batch)": self.activations_gib, "logits (fp32, + their gradient)": self.logits_gib,
-                f"vLLM beyond the weights (share {self.vllm_share_gib:.1f}, KV needed {self.kv_needed_gib:.2f})":
-                    self.vllm_gib, "CUDA context + allocator slack": self.overhead_gib, "total": self.total_gib}
+        rows = {
+            f"weights ({self.weight_bits}-bit)": self.weights_gib,
+            f"LoRA: {self.lora_params / 1e6:.1f}M params + grads + Adam": self.lora_gib,
+            "activations (one micro-batch)": self.activations_gib,
+            "logits (fp32, + their gradient)": self.logits_gib,
+            f"vLLM beyond the weights (share {self.vllm_share_gib:.1f}, KV needed {self.kv_needed_gib:.2f})": self.vllm_gib,
+            "CUDA context + allocator slack": self.overhead_gib,
+            "total": self.total_gib,
+        }
         width = max(map(len, rows))
         lines = [f"VRAM plan for {self.model}"] + [f"  {label:<{width}}  {gib:6.2f} GiB" for label, gib in rows.items()]
         if self.card_gib:
@@ -158,9 +193,11 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
     g, model_id = recipe.grpo, recipe.model.model_name_or_path
     shape = shape or shape_for(model_id)
     if shape is None:
-        raise GrpoKitError(f"The VRAM planner does not know the shape of {model_id!r}: pass shape=ModelShape."
-                           f"from_config(AutoConfig.from_pretrained({model_id!r})) in Python (a local model folder "
-                           "or a model in the Hub cache needs no shape: its config is read).")
+        raise GrpoKitError(
+            f"The VRAM planner does not know the shape of {model_id!r}: pass shape=ModelShape."
+            f"from_config(AutoConfig.from_pretrained({model_id!r})) in Python (a local model folder "
+            "or a model in the Hub cache needs no shape: its config is read)."
+        )
     bits = 4 if recipe.model.load_in_4bit else 16 if (g.bf16 or g.fp16) else 32
     use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or bool(g.use_vllm)
     card_gib = float(recipe.kit.vram_gb if card_gb is None else card_gb)
@@ -181,16 +218,24 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
     else:
         activations = shape.layers * layer_values * tokens * value_bytes
     if not on_gpu:  # PyTorch's math attention keeps the heads × seq² scores (and their softmax)
-        activations += (1 if g.gradient_checkpointing else shape.layers) * batch * shape.heads * seq**2 * value_bytes * 2
+        activations += (
+            (1 if g.gradient_checkpointing else shape.layers) * batch * shape.heads * seq**2 * value_bytes * 2
+        )
     # Colocated vLLM reserves a share of the card. Unsloth's fast_inference shares the trainer's weights, so only the
     # share beyond them is added; TRL's own colocated vLLM (the transformers backend) loads a second copy.
     share = g.vllm_gpu_memory_utilization * card_gib * GIB if use_vllm else 0.0
     shared_weights = recipe.kit.backend != "transformers"
     return VramEstimate(
-        model=shape.name, card_gib=card_gib, weight_bits=bits, weights_gib=weights / GIB, lora_params=lora_params,
+        model=shape.name,
+        card_gib=card_gib,
+        weight_bits=bits,
+        weights_gib=weights / GIB,
+        lora_params=lora_params,
         lora_gib=lora_params * (4 + 4 + (2 if optimizer_8bit else 8)) / GIB,
-        activations_gib=activations / GIB, logits_gib=batch * g.max_completion_length * shape.vocab * 4 * 2 / GIB,
-        vllm_gib=(max(share - weights, 0.0) if shared_weights else share) / GIB, vllm_share_gib=share / GIB,
+        activations_gib=activations / GIB,
+        logits_gib=batch * g.max_completion_length * shape.vocab * 4 * 2 / GIB,
+        vllm_gib=(max(share - weights, 0.0) if shared_weights else share) / GIB,
+        vllm_share_gib=share / GIB,
         kv_needed_gib=g.generation_batch_size * seq * 2 * shape.layers * shape.dim("kv") * 2 / GIB,
         overhead_gib=(GPU_OVERHEAD_GIB + (VLLM_OVERHEAD_GIB if use_vllm else 0.0)) if on_gpu else 0.0,
     )
@@ -205,30 +250,42 @@ def check_device(recipe, device) -> None:
         # 4-bit weights are not among them: bitsandbytes (0.50.2) has CPU kernels for NF4 (the cpu-4bit recipe)
         gpu_only = [what for what, on in (("vLLM", g.use_vllm), ("bf16", g.bf16), ("fp16", g.fp16)) if on]
         if gpu_only:
-            raise GrpoKitError(f"Recipe '{recipe.name}' needs a CUDA GPU ({', '.join(gpu_only)}) and this machine has "
-                               "none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU.")
+            raise GrpoKitError(
+                f"Recipe '{recipe.name}' needs a CUDA GPU ({', '.join(gpu_only)}) and this machine has "
+                "none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
+            )
         return
     if g.bf16 and not device.bf16:
-        raise GrpoKitError(f"{device.name} has no bf16 (compute capability below 8.0, e.g. a T4). Use fp16: --set "
-                           "bf16=false --set fp16=true (in code: recipe.replace(bf16=False, fp16=True)), or the "
-                           "t4-16gb recipe.")
+        raise GrpoKitError(
+            f"{device.name} has no bf16 (compute capability below 8.0, e.g. a T4). Use fp16: --set "
+            "bf16=false --set fp16=true (in code: recipe.replace(bf16=False, fp16=True)), or the "
+            "t4-16gb recipe."
+        )
     shape = shape_for(recipe.model.model_name_or_path)
     est = estimate_vram(recipe, shape, card_gb=device.vram_gb) if shape else None  # unknown offline: no check
     problems = []
     if est and not est.fits():
-        problems.append(f"Recipe '{recipe.name}' with {shape.name} needs about {est.total_gib:.1f} GiB but "
-                        f"{device.name} has {device.vram_gb:.1f} GiB.")
+        problems.append(
+            f"Recipe '{recipe.name}' with {shape.name} needs about {est.total_gib:.1f} GiB but "
+            f"{device.name} has {device.vram_gb:.1f} GiB."
+        )
     if est and recipe.vllm_colocated and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
-        problems.append(f"vLLM's share ({g.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
-                        f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache "
-                        "one generation batch needs after the weights.")
+        problems.append(
+            f"vLLM's share ({g.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
+            f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache "
+            "one generation batch needs after the weights."
+        )
     if not problems:
         return
-    fixes = ["a smaller preset (--preset auto picks by memory)",
-             f"shorter completions (--set max_completion_length={max(64, g.max_completion_length // 2)})"]
+    fixes = [
+        "a smaller preset (--preset auto picks by memory)",
+        f"shorter completions (--set max_completion_length={max(64, g.max_completion_length // 2)})",
+    ]
     if recipe.vllm_colocated:
-        fixes.append(f"another vllm_gpu_memory_utilization (now {g.vllm_gpu_memory_utilization}): lower leaves "
-                     "training more memory, higher gives vLLM's KV cache more")
+        fixes.append(
+            f"another vllm_gpu_memory_utilization (now {g.vllm_gpu_memory_utilization}): lower leaves "
+            "training more memory, higher gives vLLM's KV cache more"
+        )
     if not recipe.model.load_in_4bit:
         fixes.append("4-bit weights (--set load_in_4bit=true with an unsloth/...-bnb-4bit model)")
     warnings.warn(f"VRAM planner: {' '.join(problems)} Try: {'; '.join(fixes)}. See docs/VRAM.md.", stacklevel=2)
@@ -243,22 +300,28 @@ def auto_recipe(device=None) -> tuple[str, str]:
 
     device = device or detect_device()
     if device.kind != "cuda":
-        return "cpu", ("no CUDA GPU: the embedded SmolLM2-135M trains on the CPU in minutes (it learns the answer "
-                       "format; the cpu-answers recipe teaches one-step arithmetic)")
+        return "cpu", (
+            "no CUDA GPU: the embedded SmolLM2-135M trains on the CPU in minutes (it learns the answer "
+            "format; the cpu-answers recipe teaches one-step arithmetic)"
+        )
     tiers = [r for r in map(load_recipe, recipe_names()) if r.kit.vram_gb > 0]
     runnable = [r for r in tiers if device.bf16 or not r.grpo.bf16] or tiers
     fitting = [r for r in runnable if device.vram_gb >= r.kit.vram_gb * TIER_TOLERANCE]
     if not fitting:
         smallest = runnable[0]
         model = "unsloth/Qwen2.5-1.5B-Instruct" + ("-bnb-4bit" if smallest.model.load_in_4bit else "")
-        return smallest.name, (f"{device.name} ({device.vram_gb:.1f} GiB) is smaller than the smallest tier "
-                               f"({smallest.kit.vram_gb:g} GiB): use a 1.5B model (notebook 00: MODEL = "
-                               f"\"Qwen2.5-1.5B\"; grpo-kit: --set model_name_or_path={model})")
+        return smallest.name, (
+            f"{device.name} ({device.vram_gb:.1f} GiB) is smaller than the smallest tier "
+            f"({smallest.kit.vram_gb:g} GiB): use a 1.5B model (notebook 00: MODEL = "
+            f'"Qwen2.5-1.5B"; grpo-kit: --set model_name_or_path={model})'
+        )
     recipe = fitting[-1]
     estimate = estimate_vram(recipe, card_gb=device.vram_gb)
-    return recipe.name, (f"{device.name} with {device.vram_gb:.1f} GiB: the largest tier it runs as shipped "
-                         f"({recipe.kit.vram_gb:g}+ GiB{'' if device.bf16 else ', fp16: no bf16 on this card'}; "
-                         f"planner: ~{estimate.total_gib:.1f} GiB)")
+    return recipe.name, (
+        f"{device.name} with {device.vram_gb:.1f} GiB: the largest tier it runs as shipped "
+        f"({recipe.kit.vram_gb:g}+ GiB{'' if device.bf16 else ', fp16: no bf16 on this card'}; "
+        f"planner: ~{estimate.total_gib:.1f} GiB)"
+    )
 
 
 # --------------------------------------------------------------------------------------------- grpo-kit presets
@@ -268,12 +331,22 @@ def presets_table(recipes) -> str:
     rows = [("preset", "GiB", "model", "4bit", "prec", "G", "batch×accum", "q/step", "compl", "LoRA r", "vLLM", "plan")]
     for r in recipes:
         g, shape = r.grpo, shape_for(r.model.model_name_or_path)  # None: unknown offline, planned as "?"
-        rows.append((r.name, f"{r.kit.vram_gb:g}" if r.kit.vram_gb else "cpu", r.model.model_name_or_path.split("/")[-1],
-                     "yes" if r.model.load_in_4bit else "no", "bf16" if g.bf16 else "fp16" if g.fp16 else "fp32",
-                     str(g.num_generations), f"{g.per_device_train_batch_size}×{g.gradient_accumulation_steps}",
-                     str(r.prompts_per_step), str(g.max_completion_length), str(r.model.lora_r),
-                     f"{g.vllm_gpu_memory_utilization:g}" if g.use_vllm else "-",
-                     "?" if shape is None else f"{estimate_vram(r, shape).total_gib:.1f}"))
+        rows.append(
+            (
+                r.name,
+                f"{r.kit.vram_gb:g}" if r.kit.vram_gb else "cpu",
+                r.model.model_name_or_path.split("/")[-1],
+                "yes" if r.model.load_in_4bit else "no",
+                "bf16" if g.bf16 else "fp16" if g.fp16 else "fp32",
+                str(g.num_generations),
+                f"{g.per_device_train_batch_size}×{g.gradient_accumulation_steps}",
+                str(r.prompts_per_step),
+                str(g.max_completion_length),
+                str(r.model.lora_r),
+                f"{g.vllm_gpu_memory_utilization:g}" if g.use_vllm else "-",
+                "?" if shape is None else f"{estimate_vram(r, shape).total_gib:.1f}",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
@@ -288,6 +361,7 @@ def cli_presets(args) -> int:
     else:
         text = presets_table(map(load_recipe, recipe_names())) + (
             "\n\nG: completions per question; q/step: questions per optimizer step; plan: the VRAM planner's GiB (cpu: "
-            "RAM), broken down by --plan NAME.\nEach preset is recipes/NAME.yaml; one run's change: --set key=value.")
+            "RAM), broken down by --plan NAME.\nEach preset is recipes/NAME.yaml; one run's change: --set key=value."
+        )
     print(text)
     return 0

@@ -37,7 +37,9 @@ TRAILING_PENALTY_PER_CHAR, TRAILING_PENALTY_CAP = 0.001, 0.25
 # Literal start, then one whitespace run: each "</think>" is tried once, so the search is linear in the text length.
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
 _INTEGER = re.compile(
-    r"[-\u2212]?(?:[0-9]+|" + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS) + ")"
+    r"[-\u2212]?(?:[0-9]+|"
+    + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS)
+    + ")"
 )
 
 
@@ -63,7 +65,9 @@ def column(values: Any, index: int) -> Any:
 def _texts(completions: Sequence[Any] | None, prefill: Any = None) -> list[str]:
     """Completion texts with each one's prefill prepended (``prefill`` is a list per completion or one string)."""
     heads = [column(prefill, i) for i in range(len(completions or ()))]
-    return [(h if isinstance(h, str) else "") + completion_text(c) for h, c in zip(heads, completions or (), strict=True)]
+    return [
+        (h if isinstance(h, str) else "") + completion_text(c) for h, c in zip(heads, completions or (), strict=True)
+    ]
 
 
 def has_soft_format(text: str) -> bool:
@@ -88,7 +92,9 @@ def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list
     golds = [column(answer, i) for i in range(len(completions or ()))]
     golds = [g if isinstance(g, str) else (str(g) if isinstance(g, (int, float)) else None) for g in golds]
     texts = _texts(completions, prefill)
-    return [CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0 for t, g in zip(texts, golds, strict=True)]
+    return [
+        CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0 for t, g in zip(texts, golds, strict=True)
+    ]
 
 
 def format_reward(completions, prefill=None, **kwargs) -> list[float]:
@@ -154,9 +160,14 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
 for _name, _fn in REWARDS.items():
     _fn.__name__ = _name  # TRL logs rewards/<__name__>/mean
 #: built-in reward -> (lowest, highest) score it gives.
-RANGES = {"correctness": (0.0, CORRECT_POINTS), "format": (0.0, FORMAT_POINTS),
-          "tag_count": (-TRAILING_PENALTY_CAP, 4 * TAG_POINTS), "integer": (0.0, INTEGER_POINTS),
-          "tag_progress": (0.0, 4 * TAG_POINTS), "format_rate": (0.0, 1.0)}
+RANGES = {
+    "correctness": (0.0, CORRECT_POINTS),
+    "format": (0.0, FORMAT_POINTS),
+    "tag_count": (-TRAILING_PENALTY_CAP, 4 * TAG_POINTS),
+    "integer": (0.0, INTEGER_POINTS),
+    "tag_progress": (0.0, 4 * TAG_POINTS),
+    "format_rate": (0.0, 1.0),
+}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -186,13 +197,16 @@ def _reward_function(name: str) -> Callable[..., list[float]]:
     try:
         fn = getattr(importlib.import_module(module), function)
     except ModuleNotFoundError as error:
-        raise GrpoKitError(f"Reward {name!r}: cannot import module {module!r} ({error}). Put "
-                           f"{module.replace('.', '/')}.py in the folder you run from, or install the package that "
-                           "holds it.") from None
+        raise GrpoKitError(
+            f"Reward {name!r}: cannot import module {module!r} ({error}). Put "
+            f"{module.replace('.', '/')}.py in the folder you run from, or install the package that "
+            "holds it."
+        ) from None
     except AttributeError:
         raise GrpoKitError(f"Reward {name!r}: module {module!r} has no function {function!r}.") from None
     if not callable(fn) or inspect.isbuiltin(fn) or inspect.ismethoddescriptor(fn) or isinstance(fn, type):
-        raise GrpoKitError(f"Reward {name!r}: {module}.{function} is not a Python reward function (f(completions, "
-                           "**kwargs) -> list of floats); builtins and classes cannot be rewards.")
+        raise GrpoKitError(
+            f"Reward {name!r}: {module}.{function} is not a Python reward function (f(completions, "
+            "**kwargs) -> list of floats); builtins and classes cannot be rewards."
+        )
     return fn
-

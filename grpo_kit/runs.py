@@ -89,7 +89,7 @@ def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> None:
     """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
     leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
     for folder in Path(out_dir).glob(f".{name}.partial-*"):
-        pid = folder.name[len(f".{name}.partial-"):].split("-", 1)[0]
+        pid = folder.name[len(f".{name}.partial-") :].split("-", 1)[0]
         if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
@@ -116,8 +116,10 @@ def check_writable(out_dir: Path, *, what: str, option: str) -> None:
         with tempfile.TemporaryFile(dir=out_dir):
             pass
     except OSError as error:
-        raise GrpoKitError(f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
-                           "a folder you can write to.") from None
+        raise GrpoKitError(
+            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
+            "a folder you can write to."
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------- checkpoints
@@ -157,11 +159,16 @@ def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
         tensors = load_file(str(path))
     except Exception as error:  # SafetensorError, OSError: a missing, torn or foreign file
         return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
-    bad = sorted(name for name, tensor in tensors.items()
-                 if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()))
+    bad = sorted(
+        name
+        for name, tensor in tensors.items()
+        if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all())
+    )
     if bad:
-        return (f"the adapter in {adapter_dir} has NaN/inf weights or weights beyond {MAX_ADAPTER_WEIGHT:g} "
-                f"({len(bad)} tensor(s), e.g. {bad[0]}); training diverged")
+        return (
+            f"the adapter in {adapter_dir} has NaN/inf weights or weights beyond {MAX_ADAPTER_WEIGHT:g} "
+            f"({len(bad)} tensor(s), e.g. {bad[0]}); training diverged"
+        )
     return None
 
 
@@ -209,8 +216,10 @@ def acquire_run_lock(run_dir: Path) -> None:
         lock.acquire()
     except Timeout:
         holder = (run_dir / PID_NAME).read_text(encoding="utf-8").strip() or "?"  # written once it locked
-        raise GrpoKitError(f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it "
-                           f"to end, stop it (kill {holder}), or choose another --output.") from None
+        raise GrpoKitError(
+            f"Run folder {run_dir} is in use by another training process (PID {holder}). Wait for it "
+            f"to end, stop it (kill {holder}), or choose another --output."
+        ) from None
     (run_dir / PID_NAME).write_text(str(os.getpid()), encoding="utf-8")
     _HELD_LOCKS[run_dir.resolve()] = lock
 
@@ -234,21 +243,26 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     left set aside in ``attempt.old-<time>-*/`` and named in a warning. Only the main process locks and moves files.
     """
     if resume and not run_dir.is_dir():
-        raise GrpoKitError(f"--resume: there is no run folder {run_dir}. Check --output, or drop --resume to start a "
-                           "new run.")
+        raise GrpoKitError(
+            f"--resume: there is no run folder {run_dir}. Check --output, or drop --resume to start a new run."
+        )
     if is_main:
         acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
     if not resume:
         if any(item.name not in (LOCK_NAME, PID_NAME) for item in run_dir.iterdir()) if run_dir.exists() else False:
-            raise GrpoKitError(f"Run folder {run_dir} already has files. Use --resume to continue it, or choose "
-                               "another --output.")
+            raise GrpoKitError(
+                f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
+            )
         return None
     skipped = []
     for _, folder in checkpoints(run_dir):  # newest first
         if (problem := checkpoint_problem(folder)) is None:
             if skipped:
-                warnings.warn(f"--resume: skipped {'; '.join(skipped)}. Resuming from {folder.name}, the newest "
-                              "complete one, with its optimizer and learning-rate state.", stacklevel=2)
+                warnings.warn(
+                    f"--resume: skipped {'; '.join(skipped)}. Resuming from {folder.name}, the newest "
+                    "complete one, with its optimizer and learning-rate state.",
+                    stacklevel=2,
+                )
             return folder
         aside = set_aside(folder, prefix="damaged-") if is_main else None
         skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
@@ -258,8 +272,12 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
         for item in earlier:
             os.rename(item, aside / item.name)
     moved = f"; what the earlier attempt left is in {aside.name}" if is_main and earlier else ""
-    warnings.warn(f"--resume: no complete checkpoint in {run_dir}" + (f" ({'; '.join(skipped)})" if skipped else "")
-                  + f"{moved}. Training starts again from step 0 in the same folder.", stacklevel=2)
+    warnings.warn(
+        f"--resume: no complete checkpoint in {run_dir}"
+        + (f" ({'; '.join(skipped)})" if skipped else "")
+        + f"{moved}. Training starts again from step 0 in the same folder.",
+        stacklevel=2,
+    )
     return None
 
 
@@ -273,11 +291,25 @@ def restore_final_adapter(run_dir: Path, checkpoint: Path, is_main: bool) -> Pat
     adapter = run_dir / "adapter"
     if is_main and (problem := adapter_problem(adapter)):
         aside = set_aside(adapter, prefix="damaged-")
-        warnings.warn(f"{adapter}: {problem}" + (f" (moved to {aside.name})" if aside else "") + f"; written again "
-                      f"from {checkpoint.name}, the run's last checkpoint.", stacklevel=2)
+        warnings.warn(
+            f"{adapter}: {problem}" + (f" (moved to {aside.name})" if aside else "") + f"; written again "
+            f"from {checkpoint.name}, the run's last checkpoint.",
+            stacklevel=2,
+        )
         with staged_dir(adapter) as staging:
-            shutil.copytree(checkpoint, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(
-                "optimizer.pt", "scheduler.pt", "rng_state*", "trainer_state.json", "training_args.bin", "global_step*"))
+            shutil.copytree(
+                checkpoint,
+                staging,
+                dirs_exist_ok=True,
+                ignore=shutil.ignore_patterns(
+                    "optimizer.pt",
+                    "scheduler.pt",
+                    "rng_state*",
+                    "trainer_state.json",
+                    "training_args.bin",
+                    "global_step*",
+                ),
+            )
     return adapter
 
 
@@ -305,9 +337,14 @@ def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None, resumed
 
     secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
     values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
-    info = {"recipe": values, "data": data, "reward_names": list(recipe.kit.reward_funcs), "curriculum": curriculum,
-            "resumed_from_step": resumed_from,
-            "versions": {name: version(name) for name in ("trl", "transformers", "peft")}}
+    info = {
+        "recipe": values,
+        "data": data,
+        "reward_names": list(recipe.kit.reward_funcs),
+        "curriculum": curriculum,
+        "resumed_from_step": resumed_from,
+        "versions": {name: version(name) for name in ("trl", "transformers", "peft")},
+    }
     return atomic_write_text(Path(run_dir) / "run.json", json.dumps(info, indent=2, default=str))
 
 

@@ -37,15 +37,28 @@ class TrainResult:
         end = "n/a" if self.reward_last is None else f"{self.reward_last:.3f}"
         head = ""
         if self.already_finished:
-            head = (f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
-                    "--set max_steps=N with --resume to train on)\n")
-        return (head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
-                f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}")
+            head = (
+                f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
+                "--set max_steps=N with --resume to train on)\n"
+            )
+        return (
+            head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
+        )
 
 
 @runs.releases_run_locks()
-def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.PathLike | None = None,
-          resume: bool = False, callbacks: tuple = (), curriculum=None, lenient: bool = False) -> TrainResult:
+def train(
+    recipe,
+    *,
+    data: str = "gsm8k",
+    dataset=None,
+    output_dir: str | os.PathLike | None = None,
+    resume: bool = False,
+    callbacks: tuple = (),
+    curriculum=None,
+    lenient: bool = False,
+) -> TrainResult:
     """Train a GRPO LoRA adapter with ``recipe`` (``grpo_kit.config.Recipe``) on ``data`` prompts.
 
     ``dataset`` (question/answer columns) replaces ``data``. The run folder is ``output_dir``, else the recipe's
@@ -96,8 +109,9 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
         read_scores(curriculum.scores_path)  # a missing or unreadable scores file: told before any weights load
     funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
     tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))  # no weights yet
-    probe, _ = format_for_grpo(dataset.select(range(1)), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
-                               system_prompt=kit.system_prompt)
+    probe, _ = format_for_grpo(
+        dataset.select(range(1)), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill, system_prompt=kit.system_prompt
+    )
     check_rewards(funcs, probe[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
@@ -110,8 +124,14 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     policy, tokenizer = models.load_model(recipe)
 
     # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
-    train_set, n_long = format_for_grpo(dataset, tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
-                                        max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
+    train_set, n_long = format_for_grpo(
+        dataset,
+        tokenizer,
+        few_shot=kit.few_shot,
+        prefill=kit.prefill,
+        max_prompt_tokens=kit.max_prompt_length,
+        system_prompt=kit.system_prompt,
+    )
     curriculum_report = None
     if curriculum is not None:
         train_set, curriculum_report = curriculum.apply(train_set)
@@ -122,8 +142,13 @@ def train(recipe, *, data: str = "gsm8k", dataset=None, output_dir: str | os.Pat
     if is_main:
         if checkpoint is not None:
             truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report,
-                            resumed_from=runs.checkpoint_step(checkpoint) if checkpoint else None)
+        runs.write_run_info(
+            run_dir,
+            recipe,
+            data=data,
+            curriculum=curriculum_report,
+            resumed_from=runs.checkpoint_step(checkpoint) if checkpoint else None,
+        )
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
     trainer = trl.GRPOTrainer(
@@ -151,20 +176,31 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
     disagree are refused rather than one silently winning."""
     recorded = recipe.values.get("output_dir")
     if output_dir and recorded and Path(output_dir).resolve() != Path(recorded).resolve():
-        raise GrpoKitError(f"The recipe sets output_dir={recorded} but the run folder given is {output_dir}; "
-                           "keep one of them.")
+        raise GrpoKitError(
+            f"The recipe sets output_dir={recorded} but the run folder given is {output_dir}; keep one of them."
+        )
     return Path(output_dir or recorded or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _result(run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False) -> TrainResult:
+def _result(
+    run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False
+) -> TrainResult:
     from grpo_kit.callbacks import read_metrics, reward_first_last
 
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path)
     first, last = reward_first_last(history)
-    return TrainResult(run_dir=run_dir, adapter_dir=adapter_dir, metrics_path=metrics_path, steps=steps,
-                       seconds=seconds, reward_first=first, reward_last=last, history=history,
-                       already_finished=already_finished)
+    return TrainResult(
+        run_dir=run_dir,
+        adapter_dir=adapter_dir,
+        metrics_path=metrics_path,
+        steps=steps,
+        seconds=seconds,
+        reward_first=first,
+        reward_last=last,
+        history=history,
+        already_finished=already_finished,
+    )
 
 
 # --------------------------------------------------------------------------------------------- CLI
@@ -192,8 +228,14 @@ def cli_train(args) -> int:
         print(f"recipe: {name} ({reason})")
     else:  # --preset NAME or --recipe PATH: one option, load_recipe takes either
         recipe = load_recipe(args.preset, **changes)
-    result = train(recipe, data=args.data, output_dir=args.output, resume=args.resume,
-                   curriculum=_curriculum_from_args(args), lenient=args.lenient)
+    result = train(
+        recipe,
+        data=args.data,
+        output_dir=args.output,
+        resume=args.resume,
+        curriculum=_curriculum_from_args(args),
+        lenient=args.lenient,
+    )
     from accelerate import PartialState
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
@@ -206,8 +248,10 @@ def cli_train(args) -> int:
 def _curriculum_from_args(args):
     if not args.curriculum:
         if args.zero_variance:
-            raise GrpoKitError("--zero-variance needs the scores file: --curriculum scores.jsonl (write it with "
-                               "grpo-kit curriculum --data DATA).")
+            raise GrpoKitError(
+                "--zero-variance needs the scores file: --curriculum scores.jsonl (write it with "
+                "grpo-kit curriculum --data DATA)."
+            )
         return None
     from grpo_kit.curriculum import Curriculum
 
