@@ -5,7 +5,7 @@
 A random LoRA (B ~ N(0, std), r=4, alpha=8, all projections) on the embedded SmolLM2-135M is merged with PEFT and
 stored as bf16 and fp16 safetensors (checked with ``grpo_kit.export.check_weights``), and each merged matrix is
 rounded through GGUF's q8_0 (gguf-py's reference quantizer, llama.cpp's block format), whose worst error is printed
-beside ``grpo_kit.gguf.WEIGHT_RTOL``'s limit.
+beside ``grpo_kit.gguf_files.WEIGHT_RTOL``'s limit.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from grpo_kit.export import check_weights
-    from grpo_kit.gguf import WEIGHT_RTOL
+    from grpo_kit.gguf_files import WEIGHT_RTOL
     from grpo_kit.models import embedded_model_path
 
     base = Path(embedded_model_path())

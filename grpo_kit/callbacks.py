@@ -13,19 +13,19 @@ disk is the last good one (``NumericsGuard``), and a run is done only when its a
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import traceback
-import warnings
 from pathlib import Path
 from typing import Any
 
 from transformers import TrainerCallback, TrainerState
 
+from grpo_kit.adapters import adapter_problem
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import dumps_finite, set_aside
 from grpo_kit.rewards import completion_text
-from grpo_kit.runs import adapter_problem, atomic_write_text, checkpoints, latest_checkpoint, set_aside
+from grpo_kit.runs import checkpoints, latest_checkpoint
 
 
 class NumericsError(GrpoKitError):
@@ -68,7 +68,7 @@ def _resume_hint(run_dir) -> str:
             + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
             "attempt left is set aside, not deleted)."
         )
-    # complete means finite weights too (runs.adapter_problem): weights that already broke are never offered
+    # complete means finite weights too (adapters.adapter_problem): weights that already broke are never offered
     return (
         f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
         f"{run_dir} --resume` (or train(..., resume=True))."
@@ -285,31 +285,6 @@ class MetricsLogger(TrainerCallback):
             handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
 
 
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
-    rows = []
-    with contextlib.suppress(FileNotFoundError):
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                rows.append(json.loads(line))
-    return rows
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after ``last_step`` (a resumed run logs them again)."""
-    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
-    atomic_write_text(path, "".join(dumps_finite(row) + "\n" for row in rows))
-
-
-def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
-    """Mean ``reward`` over the first and the last ``window`` logged steps."""
-    values = [row["reward"] for row in history if isinstance(row.get("reward"), (int, float))]
-    if not values:
-        return None, None
-    window = max(1, min(window, len(values) // 2 or 1))
-    return sum(values[:window]) / window, sum(values[-window:]) / window
-
-
 def _excerpt(text: str, length: int = 80) -> str:
     """The start of ``text`` on one line for an error message, newlines shown as ``⏎``.
 
@@ -320,70 +295,8 @@ def _excerpt(text: str, length: int = 80) -> str:
     return flat if len(flat) <= length + 2 else flat[:length] + " …"
 
 
-# --------------------------------------------------------------------------------------------- data and adapters
-
-
-def check_dataset_size(
-    n_prompts: int, config, *, source: str, filtered: int = 0, max_prompt_tokens: int | None = None
-) -> None:
-    """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
-
-    Counted from the ``GRPOConfig``: TRL's generation batch spans every process, and its ``RepeatSampler`` drops an
-    incomplete batch, so fewer prompts than one batch's yield no step at all.
-    """
-    needed, batch = config.generation_batch_size // config.num_generations, config.per_device_train_batch_size
-    processes = config.generation_batch_size // (batch * config.steps_per_generation)
-    dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
-    if n_prompts < needed:  # steps_per_generation is TRL's: gradient_accumulation_steps unless the recipe sets it
-        raise GrpoKitError(
-            f"The training data '{source}' has {n_prompts} usable prompt(s){dropped if filtered else ''}, but one "
-            f"optimizer step needs {needed} distinct prompts (generation batch {config.generation_batch_size} = "
-            f"per_device_train_batch_size {batch} x steps_per_generation {config.steps_per_generation}"
-            + (f" x {processes} processes" if processes > 1 else "")
-            + f", in groups of num_generations="
-            f"{config.num_generations}); TRL would train 0 steps. Use more data (--data sample has 50 questions, "
-            "--data arithmetic 256), or lower --set per_device_train_batch_size / gradient_accumulation_steps"
-            + (", or raise --set max_prompt_length." if filtered else ".")
-        )
-    if filtered:
-        warnings.warn(
-            f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "
-            f"left out of training ({n_prompts} kept). Raise max_prompt_length (--set max_prompt_length=N) "
-            "to keep them.",
-            stacklevel=2,
-        )
-
-
-def dumps_finite(value: Any, **kwargs) -> str:
-    """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
-
-    def finite(item):
-        if isinstance(item, float):
-            return item if math.isfinite(item) else None
-        if isinstance(item, dict):
-            return {key: finite(v) for key, v in item.items()}
-        return [finite(v) for v in item] if isinstance(item, (list, tuple)) else item
-
-    return json.dumps(finite(value), allow_nan=False, **kwargs)
-
-
-def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
-    """Refuse an adapter that ``runs.adapter_problem`` finds unusable (``use``: what was asked), naming what to use."""
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
-        inside = Path(adapter_dir) / "adapter"  # given the run folder instead of its adapter/
-        hint = (
-            f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
-        )
-        raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
-    if problem := adapter_problem(adapter_dir):
-        raise GrpoKitError(
-            f"Cannot {use}: {problem}. Use another (earlier) checkpoint-N folder of the run, or train "
-            "again (if training diverged, with a lower --set learning_rate=...)."
-        )
-
-
 def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is sound (``runs.adapter_problem``): a broken one is set aside (as
+    """A run is done only when its adapter is sound (``adapters.adapter_problem``): a broken one is set aside (as
     ``damaged-adapter.old-*``, like a damaged checkpoint) and reported.
 
     The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that

@@ -107,7 +107,7 @@ def copy_to_drive(
     into place, so an interrupted copy never looks finished; an older copy is renamed aside (``<name>.old-<time>``),
     never deleted.
     """
-    from grpo_kit.runs import set_aside, staged_dir
+    from grpo_kit.files import set_aside, staged_dir
 
     folder = Path(folder)
     if not folder.is_dir():

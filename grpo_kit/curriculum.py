@@ -81,7 +81,7 @@ class PromptScore:
 
 def write_scores(path: str | os.PathLike, scores: Sequence[PromptScore]) -> Path:
     """One JSON row per question, written in one piece; derived fields are stored for people reading the file."""
-    from grpo_kit.runs import atomic_write_text
+    from grpo_kit.files import atomic_write_text
 
     rows = [
         {

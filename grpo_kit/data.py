@@ -395,3 +395,34 @@ def format_for_grpo(
             "fewer few-shot examples (--set few_shot=0)."
         )
     return Dataset.from_list(rows), len(dataset) - len(rows)
+
+
+def check_dataset_size(
+    n_prompts: int, config, *, source: str, filtered: int = 0, max_prompt_tokens: int | None = None
+) -> None:
+    """Refuse a dataset that cannot fill one optimizer step (TRL would run 0 steps); warn about dropped prompts.
+
+    Counted from the ``GRPOConfig``: TRL's generation batch spans every process, and its ``RepeatSampler`` drops an
+    incomplete batch, so fewer prompts than one batch's yield no step at all.
+    """
+    needed, batch = config.generation_batch_size // config.num_generations, config.per_device_train_batch_size
+    processes = config.generation_batch_size // (batch * config.steps_per_generation)
+    dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
+    if n_prompts < needed:  # steps_per_generation is TRL's: gradient_accumulation_steps unless the recipe sets it
+        raise GrpoKitError(
+            f"The training data '{source}' has {n_prompts} usable prompt(s){dropped if filtered else ''}, but one "
+            f"optimizer step needs {needed} distinct prompts (generation batch {config.generation_batch_size} = "
+            f"per_device_train_batch_size {batch} x steps_per_generation {config.steps_per_generation}"
+            + (f" x {processes} processes" if processes > 1 else "")
+            + f", in groups of num_generations="
+            f"{config.num_generations}); TRL would train 0 steps. Use more data (--data sample has 50 questions, "
+            "--data arithmetic 256), or lower --set per_device_train_batch_size / gradient_accumulation_steps"
+            + (", or raise --set max_prompt_length." if filtered else ".")
+        )
+    if filtered:
+        warnings.warn(
+            f"{source}: {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens were "
+            f"left out of training ({n_prompts} kept). Raise max_prompt_length (--set max_prompt_length=N) "
+            "to keep them.",
+            stacklevel=2,
+        )

@@ -23,7 +23,7 @@ from typing import Any
 
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import atomic_write_text
+from grpo_kit.files import atomic_write_text
 
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
 #: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
@@ -434,7 +434,7 @@ def evaluate_harness(
     itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
     import torch
 
-    from grpo_kit.callbacks import check_adapter
+    from grpo_kit.adapters import check_adapter
     from grpo_kit.models import half_dtype_name, resolve_model_id
 
     try:
@@ -505,14 +505,12 @@ def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[
     """``(base model, prompt settings)`` for ``adapter``: ``model``, else the base its run recorded (``run.json``,
     else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with:
     its run's recipe, else the ``prompt.json`` of an exported adapter or model folder."""
+    from grpo_kit.adapters import trained_base
     from grpo_kit.runs import read_run_info
 
     recipe = read_run_info(Path(adapter).resolve().parent).get("recipe") or {} if adapter else {}
-    config = Path(adapter or "") / "adapter_config.json"
-    if adapter and not model:
-        model = recipe.get("model_name_or_path") or (
-            json.loads(config.read_text(encoding="utf-8")).get("base_model_name_or_path") if config.is_file() else None
-        )
+    if adapter and not model and (Path(adapter) / "adapter_config.json").is_file():
+        model = trained_base(Path(adapter), recipe)
     exported = next((Path(folder) / PROMPT_FILE for folder in (adapter, model) if folder), None)
     if not recipe and exported and exported.is_file():
         recipe = json.loads(exported.read_text(encoding="utf-8"))

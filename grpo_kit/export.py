@@ -3,7 +3,7 @@
     <out_dir>/<name>/  README.md (model card)  export.json  lora/  merged16/  gguf/<name>-<type>.gguf + Modelfile
 
 **Who writes what.** ``lora`` is the adapter's own files. On a GPU with Unsloth installed, Unsloth writes merged16 and
-GGUF (``grpo_kit.gguf.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for GGUF),
+GGUF (``grpo_kit.gguf_files.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for GGUF),
 as Unsloth's notebooks do; a T4 could not hold an 8B model in 16 bit for PEFT's merge. Elsewhere PEFT's
 ``merge_and_unload`` merges in float32 on the CPU, stored as bfloat16 (float32's exponent range, half the size), the
 dtype Unsloth's merge writes too. GGUF needs llama.cpp, so it needs Unsloth's route. A 4-bit base
@@ -11,9 +11,9 @@ dtype Unsloth's merge writes too. GGUF needs llama.cpp, so it needs Unsloth's ro
 
 **Verification**, the same for every route: each export is read back tensor by tensor and compared with base + LoRA
 (``check_weights``; the adapter with the run's own tensors, bit for bit), within its storage type's limit
-(``grpo_kit.gguf.WEIGHT_RTOL``), and must sit closer to base + LoRA than to the base wherever the adapter's effect
+(``grpo_kit.gguf_files.WEIGHT_RTOL``), and must sit closer to base + LoRA than to the base wherever the adapter's effect
 exceeds the storage noise: that catches a merge that silently dropped the LoRA. Everything is written into a staging
-folder (``grpo_kit.runs.staged_dir``), renamed into place once all checks pass. The GPU route is UNTESTED ON A GPU.
+folder (``grpo_kit.files.staged_dir``), renamed into place once all checks pass. The GPU route is UNTESTED ON A GPU.
 """
 
 from __future__ import annotations
@@ -34,10 +34,11 @@ import torch
 from huggingface_hub import HfApi, get_token
 from safetensors import safe_open
 
-from grpo_kit import gguf as gguf_files
-from grpo_kit import models, runs
+from grpo_kit import files, gguf_files, models, runs
+from grpo_kit.adapters import adapter_config, check_adapter, trained_base
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import PROMPT_FILE, run_settings, write_prompt
+from grpo_kit.files import dumps_finite
 
 FORMATS = ("lora", "merged16", "gguf")
 
@@ -172,13 +173,13 @@ def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportR
 def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     """``{base tensor name: function returning scale * B @ A}``, kept as the rank-r factors until asked for (the full
     deltas of an 8B model at once would not fit in a Colab's RAM); ``delta(rows=slice(a, b))`` gives rows a to b."""
-    config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
-    if config.get("use_dora") or config.get("rank_pattern") or config.get("alpha_pattern"):
+    config = adapter_config(adapter_dir)
+    if config.use_dora or config.rank_pattern or config.alpha_pattern:
         raise GrpoKitError(
             "The export's weight check handles plain LoRA only (no DoRA, rank_pattern or alpha_pattern): "
             "export --format lora."
         )
-    scale = config["lora_alpha"] / (config["r"] ** 0.5 if config.get("use_rslora") else config["r"])
+    scale = config.lora_alpha / (config.r**0.5 if config.use_rslora else config.r)
     weights = _tensors(adapter_dir)  # memory-mapped, a factor read when its delta is asked for
 
     def delta(a_key: str, rows: slice = slice(None)):  # the kit's models are nn.Linear: no fan_in_fan_out (Conv1D)
@@ -214,13 +215,13 @@ def _tensors(folder: Path) -> dict[str, _Stored]:
     """``{tensor name: _Stored}`` of a checkpoint folder, sharded or not. The index names the shards: a Hub snapshot
     may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
-    files = (
+    shards = (
         set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
         if index.is_file()
         else [path.name for path in folder.glob("*.safetensors")]
     )
     found = {}
-    for file in sorted(files):
+    for file in sorted(shards):
         with safe_open(str(folder / file), framework="pt") as handle:
             found.update(
                 {
@@ -249,15 +250,15 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
         config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
         entries = gguf_files.gguf_tensors(path, config, base_files)
     else:
-        files = _tensors(path)
+        exported = _tensors(path)
 
         def read_export(name, rows=slice(None)):  # None when missing, as gguf_tensors' read()
-            return files[name][rows] if name in files else None
+            return exported[name][rows] if name in exported else None
 
         entries = {
             name: (name, functools.partial(read_export, name))
             for name in base_files
-            if name in files or name != "lm_head.weight"
+            if name in exported or name != "lm_head.weight"
         }  # a tied head may be left out: its embedding is here
 
     def items():  # block by block: never a whole large tensor in float32
@@ -285,11 +286,10 @@ def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
         name, b_key = _base_name(key), key.replace(".lora_A.", ".lora_B.")
         want = [lora[b_key].get_shape()[0], lora[key].get_shape()[1]]
         if name not in base or base[name].get_shape() != want:
-            config = json.loads((adapter_dir / "adapter_config.json").read_text(encoding="utf-8"))
             has = base[name].get_shape() if name in base else "no such weight"
             raise GrpoKitError(
                 f"The adapter in {adapter_dir} does not fit the model {model}: it was trained on "
-                f"{config.get('base_model_name_or_path') or '(not recorded)'} (adapter_config.json): "
+                f"{adapter_config(adapter_dir).base_model_name_or_path or '(not recorded)'} (adapter_config.json): "
                 f"pass that model as --model. (size mismatch for {name}: the adapter needs {want}, the "
                 f"base has {has})"
             )
@@ -313,29 +313,18 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
 
 def read_evals(adapter_dir: Path) -> dict[str, dict] | None:
     """Eval metrics for the model card, ``{name: metrics}``: the run's ``eval/<name>.json`` (``EvalResult.save``)."""
-    files = sorted(adapter_dir.resolve().parent.glob("eval/*.json"))
-    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in files} or None
-
-
-def trained_base(adapter_dir: Path, run: dict) -> str:
-    """The model the adapter was trained on: run.json's recipe ``model_name_or_path``, else adapter_config.json's."""
-    recorded = json.loads((adapter_dir / "adapter_config.json").read_bytes()).get("base_model_name_or_path")
-    if model := (run.get("recipe") or {}).get("model_name_or_path"):
-        return str(model)
-    if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
-        return recorded
-    raise GrpoKitError(
-        f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
-        "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct)."
-    )
+    saved = sorted(adapter_dir.resolve().parent.glob("eval/*.json"))
+    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in saved} or None
 
 
 def training_steps(adapter_dir: Path) -> int | None:
     """Optimizer steps behind the adapter: a checkpoint's ``trainer_state.json``, else the run's last metrics step."""
-    from grpo_kit.callbacks import read_metrics
+    from transformers import TrainerState
+
+    from grpo_kit.files import read_metrics
 
     if (state := adapter_dir / "trainer_state.json").is_file():
-        return json.loads(state.read_text(encoding="utf-8")).get("global_step")
+        return TrainerState.load_from_json(str(state)).global_step
     rows = read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
     return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=None)
 
@@ -532,8 +521,6 @@ def export(
     export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
     one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
-    from grpo_kit.callbacks import check_adapter, dumps_finite
-
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
@@ -544,7 +531,7 @@ def export(
     evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
     # The prompt it trained with (its run's recipe, or the prompt.json of an exported adapter), for each folder.
     prompt = run_settings(None, adapter_dir)[1] if run.get("recipe") or (adapter_dir / PROMPT_FILE).is_file() else None
-    trained_on = base_model or trained_base(adapter_dir, run)
+    trained_on = base_model or trained_base(adapter_dir, run.get("recipe") or {})
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
@@ -556,16 +543,16 @@ def export(
             "merged16 here and convert that folder with llama.cpp's convert_hf_to_gguf.py, or export "
             "on a GPU with Unsloth installed (the Colab notebook installs it)."
         )
-    runs.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
+    files.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
     tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
-    runs.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
+    files.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     check_space(base_path, out_dir, name, wanted, gguf_types, by_unsloth=by_unsloth)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
     if base_dir:
         check_base(adapter_dir, base_dir, trained_on)
     results: list[ExportResult] = []
     try:
-        with runs.staged_dir(target) as staging:
+        with files.staged_dir(target) as staging:
             if "lora" in wanted:
                 (staging / "lora").mkdir()
                 for item in adapter_dir.glob("adapter_*"):
@@ -588,13 +575,13 @@ def export(
                     load_in_4bit=in_4bit,
                     say=print_fn,
                 )
-            files = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
-            for kind, path in zip(gguf_types, files, strict=True):
+            gguf_paths = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
+            for kind, path in zip(gguf_types, gguf_paths, strict=True):
                 path.parent.mkdir(exist_ok=True)
                 shutil.move(made[kind], path)
                 results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
-            if files:
-                gguf_files.write_modelfile(staging / "gguf", files, tokenizer)
+            if gguf_paths:
+                gguf_files.write_modelfile(staging / "gguf", gguf_paths, tokenizer)
             if "merged16" in wanted:
                 if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer, within bf16's limit)
                     shutil.move(made["merged16"], staging / "merged16")

@@ -7,7 +7,6 @@ imported before TRL (``prepare_backend``).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -336,7 +335,7 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
     from transformers import AutoModelForCausalLM
 
     if adapter is not None:  # a missing, torn or NaN adapter is reported before the base model loads
-        from grpo_kit.callbacks import check_adapter
+        from grpo_kit.adapters import adapter_config, check_adapter
 
         adapter = Path(adapter)
         check_adapter(adapter, use=f"load the adapter {adapter}")
@@ -354,8 +353,7 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
         except RuntimeError as error:  # "size mismatch for ...": the adapter was trained on another base model
             if "size mismatch" not in str(error):
                 raise
-            config = json.loads((adapter / "adapter_config.json").read_text())  # PEFT has read it: it parses
-            trained_on = config.get("base_model_name_or_path") or "(not recorded)"
+            trained_on = adapter_config(adapter).base_model_name_or_path or "(not recorded)"
             detail = next(line.strip() for line in str(error).splitlines() if "size mismatch" in line)
             fix = (
                 f"it was trained on {trained_on} (adapter_config.json): pass that model as --model"
@@ -434,7 +432,7 @@ def embedded_model_path(quantized: bool = False) -> Path:
     """
     from filelock import FileLock
 
-    from grpo_kit.runs import staged_dir
+    from grpo_kit.files import staged_dir
 
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     cache = Path(os.environ.get("GRPO_KIT_CACHE") or Path(xdg) / "grpo-kit")

@@ -1,10 +1,7 @@
-"""Run folders and files written in one piece: one process per run folder (a lock), resume from complete checkpoints
-only, the final adapter and ``run.json`` written atomically. Nothing is ever deleted to make room: it is set aside.
+"""Run folders: one process per run folder (a lock), resume from complete checkpoints only, the final adapter and
+``run.json`` written in one piece (``grpo_kit.files``). Nothing is ever deleted to make room: it is set aside.
 
     run_dir/run.json  metrics.jsonl  checkpoint-N/  adapter/  plots/rewards.png  .grpo-kit.lock
-
-A folder is written into a hidden staging folder next to its target and renamed into place (a rename within one
-folder is atomic), so a crash leaves the old target whole and at most a staging folder behind.
 """
 
 from __future__ import annotations
@@ -19,107 +16,15 @@ import time
 import warnings
 from pathlib import Path
 
-import psutil  # accelerate's dependency
 from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
+from grpo_kit.adapters import adapter_problem
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import atomic_write_text, check_writable, remove_stale_staging, set_aside, staged_dir
 
-#: No LoRA weight trained with Adam at a learning rate below 1 gets near this (they start at |w| < 0.1 and move by
-#: about the learning rate per step); beyond it training diverged, finite or not (lr 1e10: |w| ~ 1e10, only EOS).
-MAX_ADAPTER_WEIGHT = 1e3
 #: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
 LOCK_NAME = ".grpo-kit.lock"
 PID_NAME = ".grpo-kit.pid"
-
-
-# --------------------------------------------------------------------------------------------- files and folders
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` (folder made) through a sibling temporary file: a reader never sees half of it."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-@contextlib.contextmanager
-def staged_dir(final: str | os.PathLike, *, name: str | None = None):
-    """Yield an empty folder next to ``final``; when the block ends without an error it takes ``final``'s place.
-
-    An error removes the staging folder and leaves ``final`` as it was; an existing ``final`` is moved away only
-    once the new folder is complete (and put back if the rename fails). ``name``: a fixed staging name, so that the
-    next attempt finds and replaces a killed one's leftover (``grpo_kit.colab``'s copies to Drive).
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    if name is None:
-        # the PID in the name tells a live writer's staging folder from a killed one's (remove_stale_staging)
-        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-{os.getpid()}-", dir=final.parent))
-        staging.chmod(0o755)  # mkdtemp makes it private; what lands in final is meant to be shared
-    else:
-        staging = final.parent / name
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
-    try:
-        yield staging
-        old = final.with_name(f".{final.name}.old-{time.time_ns()}") if final.exists() else None
-        if old:
-            os.rename(final, old)
-        try:
-            os.rename(staging, final)
-        except OSError:
-            if old:
-                os.rename(old, final)
-            raise
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-
-
-def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> None:
-    """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
-    leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
-    for folder in Path(out_dir).glob(f".{name}.partial-*"):
-        pid = folder.name[len(f".{name}.partial-") :].split("-", 1)[0]
-        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
-    """Rename ``folder`` to ``<prefix><name>.old-<time>-*`` (never deletes anything); the new path, or None if absent.
-
-    A checkpoint is set aside with ``prefix="damaged-"``: a name that no longer starts with ``checkpoint-`` is one
-    the Trainer neither resumes from nor deletes when it rotates checkpoints.
-    """
-    folder = Path(folder)
-    if not folder.exists():
-        return None
-    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"  # a name nothing else has (two in one second)
-    target = folder.with_name(f"{prefix}{folder.name}.old-{stamp}")
-    os.rename(folder, target)
-    return target
-
-
-def check_writable(out_dir: Path, *, what: str, option: str) -> None:
-    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
-    except OSError as error:
-        raise GrpoKitError(
-            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
-            "a folder you can write to."
-        ) from None
 
 
 # --------------------------------------------------------------------------------------------- checkpoints
@@ -141,35 +46,6 @@ def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
 
     found = [(checkpoint_step(path), Path(path)) for path in sort_checkpoints(str(run_dir))]
     return [(step, folder) for step, folder in reversed(found) if step is not None]
-
-
-def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
-    """Why the LoRA adapter in ``adapter_dir`` cannot be used, or None when it is sound: no ``adapter_config.json``,
-    a weights file that is missing or does not load (safetensors refuses a file whose size does not match its
-    header), or NaN/inf weights or weights beyond ``MAX_ADAPTER_WEIGHT``: a NaN adapter would otherwise be exported
-    and "verified" (NaN compares false with any limit) or evaluated as a model.
-    """
-    import torch
-    from safetensors.torch import load_file
-
-    path = Path(adapter_dir) / "adapter_model.safetensors"  # what PEFT writes, in checkpoints and the final adapter
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
-        return "no adapter_config.json"
-    try:
-        tensors = load_file(str(path))
-    except Exception as error:  # SafetensorError, OSError: a missing, torn or foreign file
-        return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
-    bad = sorted(
-        name
-        for name, tensor in tensors.items()
-        if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all())
-    )
-    if bad:
-        return (
-            f"the adapter in {adapter_dir} has NaN/inf weights or weights beyond {MAX_ADAPTER_WEIGHT:g} "
-            f"({len(bad)} tensor(s), e.g. {bad[0]}); training diverged"
-        )
-    return None
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -355,3 +231,12 @@ def read_run_info(run_dir: str | os.PathLike) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return {}
     return info if isinstance(info, dict) else {}
+
+
+def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
+    """Mean ``reward`` over the first and the last ``window`` logged steps."""
+    values = [row["reward"] for row in history if isinstance(row.get("reward"), (int, float))]
+    if not values:
+        return None, None
+    window = max(1, min(window, len(values) // 2 or 1))
+    return sum(values[:window]) / window, sum(values[-window:]) / window

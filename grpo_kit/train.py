@@ -75,15 +75,14 @@ def train(
         MetricsLogger,
         NumericsGuard,
         ScheduleToMaxSteps,
-        check_dataset_size,
         check_rewards,
         check_saved_adapter,
         guard_numerics,
         guard_rewards,
-        truncate_metrics,
     )
     from grpo_kit.curriculum import read_scores
-    from grpo_kit.data import format_for_grpo, load_gsm8k
+    from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
+    from grpo_kit.files import truncate_metrics
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions
 
@@ -185,11 +184,11 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
 def _result(
     run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False
 ) -> TrainResult:
-    from grpo_kit.callbacks import read_metrics, reward_first_last
+    from grpo_kit.files import read_metrics
 
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path)
-    first, last = reward_first_last(history)
+    first, last = runs.reward_first_last(history)
     return TrainResult(
         run_dir=run_dir,
         adapter_dir=adapter_dir,

@@ -338,9 +338,9 @@ def _char_code_reward_for(flat_questions):
 def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_dir, tmp_path, monkeypatch):
     """Real TRL runs: half the questions can only ever score 0. Dropping them (from scores) removes the flat groups
     TRL reports, and the curriculum order is the order TRL trains on."""
-    from grpo_kit.callbacks import read_metrics
     from grpo_kit.config import load_recipe
     from grpo_kit.data import make_arithmetic_dataset
+    from grpo_kit.files import read_metrics
     from grpo_kit.rewards import REWARDS
     from grpo_kit.train import train
 

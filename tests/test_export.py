@@ -12,7 +12,7 @@ import pytest
 from peft.tuners.tuners_utils import BaseTuner
 
 import grpo_kit.export as export_module
-import grpo_kit.gguf as gguf_module
+import grpo_kit.gguf_files as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult

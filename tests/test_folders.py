@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from grpo_kit import runs
-from grpo_kit.runs import atomic_write_text, staged_dir
+from grpo_kit import files, runs
+from grpo_kit.files import atomic_write_text, staged_dir
 
 
 def _tree(folder):
@@ -78,12 +78,12 @@ def test_set_aside_renames_and_never_overwrites(tmp_path):
     for content in ("first", "second"):
         folder.mkdir()
         (folder / "run.json").write_text(content)
-        runs.set_aside(folder)
+        files.set_aside(folder)
     kept = sorted(tmp_path.glob("train.old-*"))
     assert not folder.exists() and sorted(_tree(p)["run.json"] for p in kept) == ["first", "second"]
-    assert runs.set_aside(tmp_path / "absent") is None
+    assert files.set_aside(tmp_path / "absent") is None
     (tmp_path / "checkpoint-3").mkdir()
-    assert runs.set_aside(tmp_path / "checkpoint-3", prefix="damaged-").name.startswith("damaged-checkpoint-3.old-")
+    assert files.set_aside(tmp_path / "checkpoint-3", prefix="damaged-").name.startswith("damaged-checkpoint-3.old-")
 
 
 def test_atomic_write_text_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
@@ -113,7 +113,7 @@ def test_check_writable_names_the_folder(tmp_path):
     blocked = tmp_path / "file"
     blocked.write_text("a file where the folder should be")
     with pytest.raises(runs.GrpoKitError, match="Cannot write exports into .*file.*--out-dir"):
-        runs.check_writable(blocked / "sub", what="exports", option="--out-dir")
+        files.check_writable(blocked / "sub", what="exports", option="--out-dir")
 
 
 def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_path, monkeypatch):

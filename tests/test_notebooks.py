@@ -235,7 +235,7 @@ def is_png(path: Path) -> bool:
 
 
 def test_training_curves_are_drawn_from_a_metrics_file(tmp_path):
-    from grpo_kit.callbacks import dumps_finite
+    from grpo_kit.files import dumps_finite
     from grpo_kit.plots import plot_metrics
 
     rows = [{"step": s, "reward": 0.1 * s, "reward/format": 0.2 * s, "format_rate": 0.5, "frac_reward_zero_std": 0.25,

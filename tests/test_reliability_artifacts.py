@@ -196,7 +196,7 @@ def test_sigkilled_export_leaves_nothing_that_looks_complete(shared, tmp_path):
 
 
 def test_staging_of_a_live_export_is_left_alone(tmp_path):
-    from grpo_kit.runs import remove_stale_staging
+    from grpo_kit.files import remove_stale_staging
 
     live = tmp_path / f".x.partial-{os.getpid()}-abc"  # this process: alive (as staged_dir names it)
     dead = tmp_path / ".x.partial-999999999-abc"  # no such pid

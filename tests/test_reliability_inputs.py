@@ -14,10 +14,9 @@ import socket
 
 import pytest
 
-from grpo_kit.callbacks import check_dataset_size
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
-from grpo_kit.data import load_gsm8k
+from grpo_kit.data import check_dataset_size, load_gsm8k
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.models import DeviceInfo
 from grpo_kit.train import train

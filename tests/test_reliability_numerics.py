@@ -20,10 +20,10 @@ from grpo_kit.callbacks import (
     guard_rewards,
     is_finite_number,
     non_finite,
-    read_metrics,
 )
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import read_metrics
 from grpo_kit.models import load_tokenizer
 from grpo_kit.rewards import completion_text
 from grpo_kit.train import train

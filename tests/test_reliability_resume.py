@@ -20,8 +20,8 @@ import time
 import pytest
 from filelock import FileLock
 
-from grpo_kit.callbacks import read_metrics
 from grpo_kit.cli import main
+from grpo_kit.files import read_metrics
 from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.

@@ -17,10 +17,11 @@ import pytest
 import torch
 from filelock import FileLock
 
-from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter, dumps_finite, read_metrics
+from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import dumps_finite, read_metrics
 from grpo_kit.runs import LOCK_NAME, PID_NAME, latest_checkpoint, prepare_run_dir, releases_run_locks
 from grpo_kit.train import train
 
@@ -155,7 +156,7 @@ def test_non_finite_settings_are_refused_before_any_weights_load(argv, tmp_path,
 def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit.callbacks import truncate_metrics
+    from grpo_kit.files import truncate_metrics
 
     path = tmp_path / "metrics.jsonl"
     logger = MetricsLogger(path)

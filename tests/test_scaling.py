@@ -101,7 +101,7 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     those weights are what the adapter file holds, training moved them, and the run files were written once."""
     from safetensors.torch import load_file
 
-    from grpo_kit.callbacks import read_metrics
+    from grpo_kit.files import read_metrics
     launcher = tmp_path / "launch_train.py"
     launcher.write_text(LAUNCHER)
     run_dir = tmp_path / "run"

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from grpo_kit.callbacks import read_metrics, reward_first_last, truncate_metrics
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import latest_checkpoint
+from grpo_kit.files import read_metrics, truncate_metrics
+from grpo_kit.runs import latest_checkpoint, reward_first_last
 from grpo_kit.train import run_folder, train
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import grpo_kit.gguf as gguf_module
+import grpo_kit.gguf_files as gguf_module
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.export import export
 

@@ -2,7 +2,7 @@
 
 Unsloth (a GPU) makes the merged and GGUF exports: ``save_pretrained_merged`` (unsloth_zoo merges shard by shard, so
 an 8B model's 16-bit copy never has to fit in a T4 or in Colab's RAM) and ``save_pretrained_gguf`` (llama.cpp; one
-merge for all the types), in a child process (``python -m grpo_kit.gguf SPEC``): importing Unsloth patches
+merge for all the types), in a child process (``python -m grpo_kit.gguf_files SPEC``): importing Unsloth patches
 transformers' forwards for the whole process, and the checks must run on plain transformers. ``gguf_tensors`` reads a
 GGUF file back for ``export.check_weights``. NOT RUN ON A GPU: the tests use a stand-in ``unsloth``.
 """
@@ -24,6 +24,7 @@ import gguf
 import torch
 from huggingface_hub import snapshot_download
 
+from grpo_kit.adapters import adapter_config
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.models import half_dtype_name
 
@@ -136,8 +137,9 @@ def run_unsloth(
     """
     scratch = scratch.resolve()  # the child works in it: every path it is given must be absolute
     adapter = shutil.copytree(adapter_dir, scratch / "adapter")
-    config = json.loads((adapter / "adapter_config.json").read_text(encoding="utf-8"))
-    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base_path}))
+    config = adapter_config(adapter)
+    config.base_model_name_or_path = base_path
+    config.save_pretrained(str(adapter))
     spec = {
         "adapter": str(adapter),
         "out": str(scratch / f"unsloth-{scratch.name}"),  # unique: Unsloth may move it
@@ -146,7 +148,7 @@ def run_unsloth(
         "load_in_4bit": load_in_4bit,
     }
     tail: collections.deque[str] = collections.deque(maxlen=40)
-    command = [sys.executable, "-m", "grpo_kit.gguf", json.dumps(spec)]
+    command = [sys.executable, "-m", "grpo_kit.gguf_files", json.dumps(spec)]
     # In scratch: llama.cpp's 16-bit GGUF is written to the working directory before quantizing (counted by the
     # space check; removed with scratch), never into the folder the export was started from.
     with subprocess.Popen(

@@ -1,0 +1,140 @@
+"""Files written in one piece, for every writer in the kit: a text file through a temporary sibling, a folder
+through a staging folder renamed into place (a rename within one folder is atomic), so a crash leaves the old target
+whole and at most a staging folder behind. Nothing is deleted to make room: it is set aside. Also the run's
+``metrics.jsonl`` (one JSON line per log) and JSON that stays JSON (NaN written as null).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil  # accelerate's dependency
+
+from grpo_kit.errors import GrpoKitError
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` (folder made) through a sibling temporary file: a reader never sees half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+@contextlib.contextmanager
+def staged_dir(final: str | os.PathLike, *, name: str | None = None):
+    """Yield an empty folder next to ``final``; when the block ends without an error it takes ``final``'s place.
+
+    An error removes the staging folder and leaves ``final`` as it was; an existing ``final`` is moved away only
+    once the new folder is complete (and put back if the rename fails). ``name``: a fixed staging name, so that the
+    next attempt finds and replaces a killed one's leftover (``grpo_kit.colab``'s copies to Drive).
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if name is None:
+        # the PID in the name tells a live writer's staging folder from a killed one's (remove_stale_staging)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.partial-{os.getpid()}-", dir=final.parent))
+        staging.chmod(0o755)  # mkdtemp makes it private; what lands in final is meant to be shared
+    else:
+        staging = final.parent / name
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    try:
+        yield staging
+        old = final.with_name(f".{final.name}.old-{time.time_ns()}") if final.exists() else None
+        if old:
+            os.rename(final, old)
+        try:
+            os.rename(staging, final)
+        except OSError:
+            if old:
+                os.rename(old, final)
+            raise
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> None:
+    """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
+    leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
+    for folder in Path(out_dir).glob(f".{name}.partial-*"):
+        pid = folder.name[len(f".{name}.partial-") :].split("-", 1)[0]
+        if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
+    """Rename ``folder`` to ``<prefix><name>.old-<time>-*`` (never deletes anything); the new path, or None if absent.
+
+    A checkpoint is set aside with ``prefix="damaged-"``: a name that no longer starts with ``checkpoint-`` is one
+    the Trainer neither resumes from nor deletes when it rotates checkpoints.
+    """
+    folder = Path(folder)
+    if not folder.exists():
+        return None
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-{os.urandom(3).hex()}"  # a name nothing else has (two in one second)
+    target = folder.with_name(f"{prefix}{folder.name}.old-{stamp}")
+    os.rename(folder, target)
+    return target
+
+
+def check_writable(out_dir: Path, *, what: str, option: str) -> None:
+    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as error:
+        raise GrpoKitError(
+            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
+            "a folder you can write to."
+        ) from None
+
+
+# --------------------------------------------------------------------------------------------- metrics.jsonl
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
+    rows = []
+    with contextlib.suppress(FileNotFoundError):
+        for line in Path(path).read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                rows.append(json.loads(line))
+    return rows
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop rows logged after ``last_step`` (a resumed run logs them again)."""
+    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
+    atomic_write_text(path, "".join(dumps_finite(row) + "\n" for row in rows))
+
+
+def dumps_finite(value: Any, **kwargs) -> str:
+    """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
+
+    def finite(item):
+        if isinstance(item, float):
+            return item if math.isfinite(item) else None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        return [finite(v) for v in item] if isinstance(item, (list, tuple)) else item
+
+    return json.dumps(finite(value), allow_nan=False, **kwargs)
