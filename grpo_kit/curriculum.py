@@ -205,12 +205,12 @@ def cli_curriculum(args) -> int:
     if args.samples < 2:
         raise GrpoKitError(f"--samples is {args.samples}: agreement and variance need at least 2 answers per question.")
     recipe = load_recipe(args.preset, **parse_set(args.set))
-    kit, g = recipe.kit, recipe.grpo
+    kit, config = recipe.kit, recipe.grpo
     out = Path(
         args.out or Path(args.data).with_suffix(".curriculum.jsonl")
     )  # next to a data file; sample.curriculum...
     set_torch_threads()
-    dataset = load_gsm8k(args.data, split="train", limit=args.limit, seed=g.seed)
+    dataset = load_gsm8k(args.data, split="train", limit=args.limit, seed=config.seed)
     model, tokenizer = load_inference_model(recipe.model.model_name_or_path, args.adapter)
     formatted, _ = format_for_grpo(
         dataset,
@@ -226,11 +226,11 @@ def cli_curriculum(args) -> int:
         model,
         tokenizer,
         prompts,
-        max_new_tokens=g.max_completion_length,
+        max_new_tokens=config.max_completion_length,
         batch_size=4,
         num_samples=args.samples,
-        temperature=g.temperature,
-        seed=g.seed,
+        temperature=config.temperature,
+        seed=config.seed,
         desc="sampling",
     )
     scores = score_dataset(formatted, [[text for text, _ in group] for group in groups], rewards=recipe.rewards)

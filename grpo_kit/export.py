@@ -45,7 +45,7 @@ FORMATS = ("lora", "merged16", "gguf")
 
 @dataclass(frozen=True)
 class ExportResult:
-    """One verified export (``path``: its folder or ``.gguf`` file), with the numbers of its check (``compare``)."""
+    """One verified export (``path``: its folder or ``.gguf`` file), with the numbers of its check (``check_tensors``)."""
 
     format: str
     path: Path
@@ -120,7 +120,7 @@ class _Tally:
         self.count += expected.numel()
 
 
-def compare(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
+def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
     """Check ``(label, got, expected, base)`` tensors (``got`` None when the export lacks it): each finite, within
     ``rtol * max |expected|`` of ``expected``, and closer to it than to ``base`` where the adapter's effect is above the
     noise. Consecutive items with the same label are blocks of rows of one tensor, checked as that tensor: host memory
@@ -243,7 +243,7 @@ def _blocks(shape) -> list[slice]:
 
 
 def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind: str) -> ExportResult:
-    """``compare`` a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
+    """``check_tensors`` on a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
     block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show here."""
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if fmt == "gguf":
@@ -269,7 +269,7 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
                 yield label, read(rows), base + deltas[name](rows) if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
-    return compare(
+    return check_tensors(
         fmt,
         items(),
         gguf_files.WEIGHT_RTOL[kind],
@@ -305,7 +305,9 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
             want = stored[...].float()
             yield name, got[name][...] if name in got else None, want, torch.zeros_like(want)
 
-    return compare("lora", items(), 0.0, path=folder, detail=f"PEFT adapter: {len(expected)} tensors, bit for bit")
+    return check_tensors(
+        "lora", items(), 0.0, path=folder, detail=f"PEFT adapter: {len(expected)} tensors, bit for bit"
+    )
 
 
 # --------------------------------------------------------------------------------------------- what an export records

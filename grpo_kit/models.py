@@ -116,8 +116,8 @@ def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
     shows (``FastLanguageModel`` below), in the precision the run trains in (``bf16``/``fp16``, else float32) unless
     the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported is turned off."""
-    g, m = recipe.grpo, recipe.model
-    if g.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
+    config, lora = recipe.grpo, recipe.model
+    if config.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
         prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
         if (error := _vllm_import_error()) is not None:
             raise GrpoKitError(
@@ -127,25 +127,26 @@ def load_model(recipe):
     # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
     # when the run trains in fp16.
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=m.model_name_or_path,
+        model_name=lora.model_name_or_path,
         max_seq_length=recipe.kit.max_seq_length,
         dtype=recipe.dtype,
-        load_in_4bit=m.load_in_4bit,
+        load_in_4bit=lora.load_in_4bit,
         fast_inference=recipe.vllm_colocated,
-        max_lora_rank=m.lora_r,
-        gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+        max_lora_rank=lora.lora_r,
+        gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         backend=recipe.kit.backend,
     )
     model = FastLanguageModel.get_peft_model(
         model,
-        r=m.lora_r,
-        lora_alpha=m.lora_alpha,
-        lora_dropout=m.lora_dropout,
-        target_modules=m.lora_target_modules,
-        use_rslora=m.use_rslora,
-        modules_to_save=m.lora_modules_to_save,
-        use_gradient_checkpointing="unsloth" if g.gradient_checkpointing else False,
-        random_state=g.seed,
+        r=lora.lora_r,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=lora.lora_target_modules,
+        use_rslora=lora.use_rslora,
+        modules_to_save=lora.lora_modules_to_save,
+        use_gradient_checkpointing="unsloth" if config.gradient_checkpointing else False,
+        random_state=config.seed,
+        backend=recipe.kit.backend,
     )
     return model, tokenizer
 
@@ -254,6 +255,7 @@ class FastLanguageModel:
         modules_to_save=None,
         use_gradient_checkpointing=False,
         random_state=3407,
+        backend="auto",
     ):
         lora = dict(
             r=r,
@@ -263,7 +265,7 @@ class FastLanguageModel:
             use_rslora=use_rslora,
             modules_to_save=modules_to_save,
         )
-        if getattr(model, "grpo_kit_backend", "") == "unsloth":
+        if prepare_backend(backend) == "unsloth":  # the loader from_pretrained picked for the same backend
             from unsloth import FastLanguageModel as Unsloth
 
             return Unsloth.get_peft_model(
@@ -284,7 +286,6 @@ def _unsloth_load(**kwargs):
     if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
         kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
     model, tokenizer = Unsloth.from_pretrained(**kwargs)
-    model.grpo_kit_backend = "unsloth"  # get_peft_model reads this
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     return model, tokenizer
 

@@ -190,7 +190,7 @@ def lora_param_count(shape: ModelShape, rank: int, targets) -> int:
 def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | None = None) -> VramEstimate:
     """Estimate a ``grpo_kit.config.Recipe`` (model: ``shape``, default ``shape_for`` its model) on a card of
     ``card_gb`` GiB (default: its ``vram_gb``). A recipe in 32 bits without vLLM is planned for the CPU (RAM)."""
-    g, model_id = recipe.grpo, recipe.model.model_name_or_path
+    config, model_id = recipe.grpo, recipe.model.model_name_or_path
     shape = shape or shape_for(model_id)
     if shape is None:
         raise GrpoKitError(
@@ -198,32 +198,32 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
             f"from_config(AutoConfig.from_pretrained({model_id!r})) in Python (a local model folder "
             "or a model in the Hub cache needs no shape: its config is read)."
         )
-    bits = 4 if recipe.model.load_in_4bit else 16 if (g.bf16 or g.fp16) else 32
-    use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or bool(g.use_vllm)
+    bits = 4 if recipe.model.load_in_4bit else 16 if (config.bf16 or config.fp16) else 32
+    use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or bool(config.use_vllm)
     card_gib = float(recipe.kit.vram_gb if card_gb is None else card_gb)
     if bits == 4:  # NF4 layer matrices; embeddings and norms stay 16-bit
         weights = shape.linear_params * NF4_BYTES + (shape.params - shape.linear_params) * 2
     else:
         weights = shape.params * bits / 8
     lora_params = lora_param_count(shape, recipe.model.lora_r, recipe.model.lora_target_modules)
-    optimizer_8bit = "8bit" in str(getattr(g.optim, "value", g.optim))  # bitsandbytes: 1 byte per Adam moment
-    batch, seq = g.per_device_train_batch_size, recipe.kit.max_prompt_length + g.max_completion_length
-    value_bytes = 2 if (g.bf16 or g.fp16) else 4  # activations in the compute dtype
+    optimizer_8bit = "8bit" in str(getattr(config.optim, "value", config.optim))  # bitsandbytes: 1 byte per Adam moment
+    batch, seq = config.per_device_train_batch_size, recipe.kit.max_prompt_length + config.max_completion_length
+    value_bytes = 2 if (config.bf16 or config.fp16) else 4  # activations in the compute dtype
     tokens = batch * seq
     # Per token and layer: norm in/out (2h), q/k/v (h + 2kv), attention output (h), MLP norm (h), gate/up (2i),
     # activation and product (2i): 5h + 2kv + 4i values kept for backward.
     layer_values = 5 * shape.hidden + 2 * shape.dim("kv") + 4 * shape.intermediate
-    if g.gradient_checkpointing:
+    if config.gradient_checkpointing:
         activations = (shape.layers * shape.hidden + layer_values) * tokens * value_bytes
     else:
         activations = shape.layers * layer_values * tokens * value_bytes
     if not on_gpu:  # PyTorch's math attention keeps the heads × seq² scores (and their softmax)
         activations += (
-            (1 if g.gradient_checkpointing else shape.layers) * batch * shape.heads * seq**2 * value_bytes * 2
+            (1 if config.gradient_checkpointing else shape.layers) * batch * shape.heads * seq**2 * value_bytes * 2
         )
     # Colocated vLLM reserves a share of the card. Unsloth's fast_inference shares the trainer's weights, so only the
     # share beyond them is added; TRL's own colocated vLLM (the transformers backend) loads a second copy.
-    share = g.vllm_gpu_memory_utilization * card_gib * GIB if use_vllm else 0.0
+    share = config.vllm_gpu_memory_utilization * card_gib * GIB if use_vllm else 0.0
     shared_weights = recipe.kit.backend != "transformers"
     return VramEstimate(
         model=shape.name,
@@ -233,31 +233,33 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
         lora_params=lora_params,
         lora_gib=lora_params * (4 + 4 + (2 if optimizer_8bit else 8)) / GIB,
         activations_gib=activations / GIB,
-        logits_gib=batch * g.max_completion_length * shape.vocab * 4 * 2 / GIB,
+        logits_gib=batch * config.max_completion_length * shape.vocab * 4 * 2 / GIB,
         vllm_gib=(max(share - weights, 0.0) if shared_weights else share) / GIB,
         vllm_share_gib=share / GIB,
-        kv_needed_gib=g.generation_batch_size * seq * 2 * shape.layers * shape.dim("kv") * 2 / GIB,
+        kv_needed_gib=config.generation_batch_size * seq * 2 * shape.layers * shape.dim("kv") * 2 / GIB,
         overhead_gib=(GPU_OVERHEAD_GIB + (VLLM_OVERHEAD_GIB if use_vllm else 0.0)) if on_gpu else 0.0,
     )
 
 
 def check_device(recipe, device) -> None:
     """Refuse what ``device`` (``models.detect_device()``) cannot run: GPU-only settings without a GPU,
-    bf16 on a GPU without it (compute capability below 8.0, e.g. a T4). Warn, naming the fixes, when the planner
+    bf16 on a GPU without it (compute capability below 8.0, e.config. a T4). Warn, naming the fixes, when the planner
     expects the recipe not to fit the card."""
-    g = recipe.grpo
+    config = recipe.grpo
     if device.kind != "cuda":
         # 4-bit weights are not among them: bitsandbytes (0.50.2) has CPU kernels for NF4 (the cpu-4bit recipe)
-        gpu_only = [what for what, on in (("vLLM", g.use_vllm), ("bf16", g.bf16), ("fp16", g.fp16)) if on]
+        gpu_only = [
+            what for what, on in (("vLLM", config.use_vllm), ("bf16", config.bf16), ("fp16", config.fp16)) if on
+        ]
         if gpu_only:
             raise GrpoKitError(
                 f"Recipe '{recipe.name}' needs a CUDA GPU ({', '.join(gpu_only)}) and this machine has "
                 "none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
             )
         return
-    if g.bf16 and not device.bf16:
+    if config.bf16 and not device.bf16:
         raise GrpoKitError(
-            f"{device.name} has no bf16 (compute capability below 8.0, e.g. a T4). Use fp16: --set "
+            f"{device.name} has no bf16 (compute capability below 8.0, e.config. a T4). Use fp16: --set "
             "bf16=false --set fp16=true (in code: recipe.replace(bf16=False, fp16=True)), or the "
             "t4-16gb recipe."
         )
@@ -271,7 +273,7 @@ def check_device(recipe, device) -> None:
         )
     if est and recipe.vllm_colocated and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
         problems.append(
-            f"vLLM's share ({g.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
+            f"vLLM's share ({config.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
             f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache "
             "one generation batch needs after the weights."
         )
@@ -279,11 +281,11 @@ def check_device(recipe, device) -> None:
         return
     fixes = [
         "a smaller preset (--preset auto picks by memory)",
-        f"shorter completions (--set max_completion_length={max(64, g.max_completion_length // 2)})",
+        f"shorter completions (--set max_completion_length={max(64, config.max_completion_length // 2)})",
     ]
     if recipe.vllm_colocated:
         fixes.append(
-            f"another vllm_gpu_memory_utilization (now {g.vllm_gpu_memory_utilization}): lower leaves "
+            f"another vllm_gpu_memory_utilization (now {config.vllm_gpu_memory_utilization}): lower leaves "
             "training more memory, higher gives vLLM's KV cache more"
         )
     if not recipe.model.load_in_4bit:
@@ -329,22 +331,22 @@ def auto_recipe(device=None) -> tuple[str, str]:
 
 def presets_table(recipes) -> str:
     rows = [("preset", "GiB", "model", "4bit", "prec", "G", "batch×accum", "q/step", "compl", "LoRA r", "vLLM", "plan")]
-    for r in recipes:
-        g, shape = r.grpo, shape_for(r.model.model_name_or_path)  # None: unknown offline, planned as "?"
+    for recipe in recipes:
+        config, shape = recipe.grpo, shape_for(recipe.model.model_name_or_path)  # None: unknown offline, planned as "?"
         rows.append(
             (
-                r.name,
-                f"{r.kit.vram_gb:g}" if r.kit.vram_gb else "cpu",
-                r.model.model_name_or_path.split("/")[-1],
-                "yes" if r.model.load_in_4bit else "no",
-                "bf16" if g.bf16 else "fp16" if g.fp16 else "fp32",
-                str(g.num_generations),
-                f"{g.per_device_train_batch_size}×{g.gradient_accumulation_steps}",
-                str(r.prompts_per_step),
-                str(g.max_completion_length),
-                str(r.model.lora_r),
-                f"{g.vllm_gpu_memory_utilization:g}" if g.use_vllm else "-",
-                "?" if shape is None else f"{estimate_vram(r, shape).total_gib:.1f}",
+                recipe.name,
+                f"{recipe.kit.vram_gb:g}" if recipe.kit.vram_gb else "cpu",
+                recipe.model.model_name_or_path.split("/")[-1],
+                "yes" if recipe.model.load_in_4bit else "no",
+                "bf16" if config.bf16 else "fp16" if config.fp16 else "fp32",
+                str(config.num_generations),
+                f"{config.per_device_train_batch_size}×{config.gradient_accumulation_steps}",
+                str(recipe.prompts_per_step),
+                str(config.max_completion_length),
+                str(recipe.model.lora_r),
+                f"{config.vllm_gpu_memory_utilization:g}" if config.use_vllm else "-",
+                "?" if shape is None else f"{estimate_vram(recipe, shape).total_gib:.1f}",
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

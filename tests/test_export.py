@@ -16,7 +16,7 @@ import grpo_kit.gguf_files as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import compare, default_name, export, push_folder, read_evals
+from grpo_kit.export import check_tensors, default_name, export, push_folder, read_evals
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -72,15 +72,15 @@ def test_compare_rules(tmp_path):
     base = torch.randn(5, 50) * 10
     tuned = base + torch.randn(5, 50)
     noisy = tuned + 0.01 * torch.randn(5, 50)
-    ok = compare("merged16", [("w", noisy, tuned, base)], 2**-7, path=tmp_path, detail="d")
+    ok = check_tensors("merged16", [("w", noisy, tuned, base)], 2**-7, path=tmp_path, detail="d")
     assert ok.max_abs_diff <= ok.tolerance and ok.lora_effect > ok.tolerance and ok.note == ""
     with pytest.raises(GrpoKitError, match="LoRA weights are missing"):
-        compare("merged16", [("w", base, tuned, base)], 0.5, path=tmp_path, detail="d")
+        check_tensors("merged16", [("w", base, tuned, base)], 0.5, path=tmp_path, detail="d")
     with pytest.raises(GrpoKitError, match="exceeds the limit"):
-        compare("lora", [("w", noisy, tuned, base)], 0.0, path=tmp_path, detail="d")
+        check_tensors("lora", [("w", noisy, tuned, base)], 0.0, path=tmp_path, detail="d")
     with pytest.raises(GrpoKitError, match="w is missing"):
-        compare("gguf", [("w", None, tuned, base)], 0.1, path=tmp_path, detail="d")
-    assert "changes nothing" in compare("lora", [("w", base, base, base)], 0.0, path=tmp_path, detail="d").note
+        check_tensors("gguf", [("w", None, tuned, base)], 0.1, path=tmp_path, detail="d")
+    assert "changes nothing" in check_tensors("lora", [("w", base, base, base)], 0.0, path=tmp_path, detail="d").note
 
 
 @pytest.mark.slow

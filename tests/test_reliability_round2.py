@@ -61,21 +61,21 @@ def _poison(adapter_dir, value=NAN):
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_non_finite_exported_weights_fail_verification(bad, tmp_path):
-    from grpo_kit.export import compare
+    from grpo_kit.export import check_tensors
 
     tuned, base = torch.randn(2, 5), torch.randn(2, 5)
     candidate = tuned.clone()
     candidate[0, 0] = bad
     with pytest.raises(GrpoKitError, match="NaN/inf.*Nothing was written"):
-        compare("merged16", [("w", candidate, tuned, base)], 2**-7, path=tmp_path, detail="test")
+        check_tensors("merged16", [("w", candidate, tuned, base)], 2**-7, path=tmp_path, detail="test")
 
 
 def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_path):
-    from grpo_kit.export import compare
+    from grpo_kit.export import check_tensors
 
     tuned = torch.full((2, 5), NAN)
     with pytest.raises(GrpoKitError, match="NaN/inf"):
-        compare("merged16", [("w", tuned.clone(), tuned, torch.randn(2, 5))], 2**-7, path=tmp_path, detail="test")
+        check_tensors("merged16", [("w", tuned.clone(), tuned, torch.randn(2, 5))], 2**-7, path=tmp_path, detail="test")
 
 
 @pytest.mark.parametrize("fmt", ["lora", "merged16"])
