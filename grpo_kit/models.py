@@ -6,6 +6,7 @@ imported before TRL (``prepare_backend``).
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import sys
@@ -159,24 +160,23 @@ def _vllm_import_error() -> str | None:
     return None
 
 
-def without_missing_vllm(recipe):
-    """``recipe`` with ``use_vllm`` off, and one "vLLM off:" line saying why, where it asks for Unsloth's colocated
-    vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The run then generates
-    with Unsloth/transformers (slower, same recipe), and a resumed run goes on from its checkpoint the same. Decided
-    before the model loads and never marked on the model: Unsloth's trainer turns ``use_vllm`` back on for any model
-    that has a ``vllm_engine`` attribute, even ``None``, and TRL then stops with an ImportError."""
-    if not recipe.vllm_colocated:
-        return recipe
-    backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
-    if (error := _vllm_import_error()) is None:
-        return recipe
-    print(
-        f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same recipe). To "
-        "use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) and restart the "
-        "runtime.",
-        flush=True,
-    )
-    return recipe.replace(use_vllm=False)
+def without_missing_vllm(recipe, **changes):
+    """``recipe`` with ``changes``, built once, and ``use_vllm`` off with one "vLLM off:" line saying why where it asks
+    for Unsloth's colocated vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The
+    run then generates with Unsloth/transformers (slower, same recipe), and a resumed run goes on from its checkpoint
+    the same. Decided before the model loads and never marked on the model: Unsloth's trainer turns ``use_vllm`` back
+    on for any model that has a ``vllm_engine`` attribute, even ``None``, and TRL then stops with an ImportError."""
+    if recipe.vllm_colocated:
+        backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
+        if (error := _vllm_import_error()) is not None:
+            print(
+                f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same "
+                "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
+                "and restart the runtime.",
+                flush=True,
+            )
+            changes["use_vllm"] = False
+    return recipe.replace(**changes)
 
 
 def release_vllm(model) -> bool:
@@ -244,27 +244,9 @@ class FastLanguageModel:
         return model, tokenizer
 
     @staticmethod
-    def get_peft_model(
-        model,
-        *,
-        r,
-        lora_alpha,
-        target_modules,
-        lora_dropout=0.0,
-        use_rslora=False,
-        modules_to_save=None,
-        use_gradient_checkpointing=False,
-        random_state=3407,
-        backend="auto",
-    ):
-        lora = dict(
-            r=r,
-            lora_alpha=lora_alpha,
-            lora_dropout=lora_dropout,
-            target_modules=target_modules,
-            use_rslora=use_rslora,
-            modules_to_save=modules_to_save,
-        )
+    def get_peft_model(model, *, use_gradient_checkpointing=False, random_state=3407, backend="auto", **lora):
+        """``lora``: the adapter's settings, under the names Unsloth's call and PEFT's ``LoraConfig`` share (``r``,
+        ``lora_alpha``, ``target_modules``, ``lora_dropout``, ``use_rslora``, ``modules_to_save``)."""
         if prepare_backend(backend) == "unsloth":  # the loader from_pretrained picked for the same backend
             from unsloth import FastLanguageModel as Unsloth
 
@@ -315,8 +297,10 @@ def resolve_model_id(model: str) -> str:
     return str(embedded_model_path()) if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME} else model
 
 
+@functools.lru_cache(maxsize=4)
 def load_tokenizer(model_id: str):
-    """The model's tokenizer with a pad token and left padding (as batched generation needs)."""
+    """The model's tokenizer with a pad token and left padding (as batched generation needs), loaded once per process
+    (``train`` renders the prompts with it before the weights load, and trains with it)."""
     from transformers import AutoTokenizer
 
     tokenizer = _from_pretrained(AutoTokenizer, model_id)

@@ -80,17 +80,16 @@ def train(
         guard_numerics,
         guard_rewards,
     )
-    from grpo_kit.curriculum import read_scores
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
     from grpo_kit.files import truncate_metrics
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions
 
     # --- Recipe: the run folder is its output_dir; a curriculum keeps its order unless the recipe says otherwise
-    recipe = recipe.replace(output_dir=str(run_folder(recipe, output_dir)))
+    changes = {"output_dir": str(run_folder(recipe, output_dir))}
     if curriculum is not None and "shuffle_dataset" not in recipe.values:  # TRL's shuffling would undo the order
-        recipe = recipe.replace(shuffle_dataset=False)
-    recipe = models.without_missing_vllm(recipe)  # a colocated vLLM that cannot be imported here: off, and said so
+        changes["shuffle_dataset"] = False
+    recipe = models.without_missing_vllm(recipe, **changes)  # and vLLM that cannot be imported here: off, said so
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
@@ -99,30 +98,15 @@ def train(
     models.ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/models.py
     check_device(recipe, models.detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
-    # --- Data and rewards: every input is read and checked before any weights load
+    # --- Data, prompts and rewards: every input is read and checked before any weights load
     source = data if dataset is None else "the dataset passed to train()"
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=source)
-    if curriculum is not None:
-        read_scores(curriculum.scores_path)  # a missing or unreadable scores file: told before any weights load
     funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
-    tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))  # no weights yet
-    probe, _ = format_for_grpo(
-        dataset.select(range(1)), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill, system_prompt=kit.system_prompt
-    )
-    check_rewards(funcs, probe[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
-    is_main = config.process_index == 0
-    checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
-    PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
-    if checkpoint is not None and runs.checkpoint_step(checkpoint) >= config.max_steps:
-        adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
-        return _result(run_dir, adapter, runs.checkpoint_step(checkpoint), 0.0, already_finished=True)
-
-    # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
-    policy, tokenizer = models.load_model(recipe)
-
-    # --- Prompts: chat template, worked examples, prefill; over-long prompts dropped (and counted)
+    # Chat template, worked examples, prefill; over-long prompts dropped (and counted). The tokenizer is the model's
+    # own, loaded once (models.load_tokenizer); Unsloth's loader returns it with the same chat template.
+    tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))
     train_set, n_long = format_for_grpo(
         dataset,
         tokenizer,
@@ -132,9 +116,19 @@ def train(
         system_prompt=kit.system_prompt,
     )
     curriculum_report = None
-    if curriculum is not None:
+    if curriculum is not None:  # its scores file is read (and checked) here, before any weights load
         train_set, curriculum_report = curriculum.apply(train_set)
     check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
+    check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
+    is_main = config.process_index == 0
+    checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
+    PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
+    if checkpoint is not None and runs.checkpoint_step(checkpoint) >= config.max_steps:
+        adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
+        return _result(run_dir, adapter, runs.checkpoint_step(checkpoint), 0.0, already_finished=True)
+
+    # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
+    policy, tokenizer = models.load_model(recipe)
 
     # --- Record the run (run.json; metrics after a resumed checkpoint are cut, they will be logged again)
     metrics_path = run_dir / "metrics.jsonl"
