@@ -317,7 +317,6 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
     need ~32 GB of RAM and evaluate for hours.
     """
     import torch
-    from transformers import AutoModelForCausalLM
 
     if adapter is not None:  # a missing, torn or NaN adapter is reported before the base model loads
         from grpo_kit.adapters import adapter_config, check_adapter
@@ -325,11 +324,8 @@ def load_inference_model(model: str, adapter: str | os.PathLike | None = None):
         adapter = Path(adapter)
         check_adapter(adapter, use=f"load the adapter {adapter}")
     model_id = resolve_model_id(model)
-    tokenizer = load_tokenizer(model_id)
-    kwargs = {"dtype": torch.float32}
-    if torch.cuda.is_available():
-        kwargs = {"dtype": getattr(torch, half_dtype_name()), "device_map": {"": int(os.environ.get("LOCAL_RANK", 0))}}
-    base = match_compute_dtype(_from_pretrained(AutoModelForCausalLM, model_id, **kwargs), kwargs["dtype"])
+    dtype = half_dtype_name() if torch.cuda.is_available() else "float32"
+    base, tokenizer = _transformers_load(model_id, dtype, load_in_4bit=False)  # a -bnb-4bit checkpoint stays 4-bit
     if adapter is not None:
         from peft import PeftModel
 
@@ -360,7 +356,7 @@ def match_compute_dtype(model, dtype):
     """
     import torch
 
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = getattr(torch, dtype)
     for module in model.modules():
         if getattr(module, "compute_dtype", None) not in (None, dtype) and hasattr(module, "quant_state"):
             module.compute_dtype = dtype  # Linear4bit casts its input and dequantized weight to this per call

@@ -325,14 +325,14 @@ def _record_inference_load(monkeypatch) -> list:
 def test_inference_model_on_a_gpu_loads_in_16_bits_onto_the_gpu(fake_t4, monkeypatch):
     seen = _record_inference_load(monkeypatch)
     models.load_inference_model("some/model")
-    assert seen[-1]["dtype"] is torch.float16 and seen[-1]["device_map"] == {"": 0}  # a T4: fp16
+    assert getattr(torch, seen[-1]["dtype"]) is torch.float16 and seen[-1]["device_map"] == {"": 0}  # a T4: fp16
 
 
 def test_inference_model_on_a_cpu_stays_float32(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     seen = _record_inference_load(monkeypatch)
     models.load_inference_model("some/model")
-    assert seen[-1]["dtype"] is torch.float32 and "device_map" not in seen[-1]
+    assert getattr(torch, seen[-1]["dtype"]) is torch.float32 and "device_map" not in seen[-1]
 
 
 # ------------------------------------------------------------------------------------------------ 7. server + 4-bit
