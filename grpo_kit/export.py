@@ -483,7 +483,7 @@ def _check_target(target: Path, overwrite: bool) -> None:
         )
 
 
-def check_answers(
+def verify_answers(
     folder: Path, base: str, adapter_dir: Path, prompt: dict, questions: int, max_new_tokens: int
 ) -> dict[str, dict]:
     """The merged model's answers next to base + adapter's, greedy, under the training prompt, on ``questions`` of the
@@ -519,7 +519,7 @@ def export(
 
     ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
     the run's evaluations (``read_evals``) go into the model card. ``answers=N``: merged16's answers are also compared
-    with base + adapter's on N bundled questions (``check_answers``; it loads both models, one after the other), into
+    with base + adapter's on N bundled questions (``verify_answers``; it loads both models, one after the other), into
     export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
     one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
@@ -595,7 +595,7 @@ def export(
             answered = None
             if answers and prompt and "merged16" in wanted:
                 length = int((run.get("recipe") or {}).get("max_completion_length") or 256)
-                answered = check_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
+                answered = verify_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             info = {
