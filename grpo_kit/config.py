@@ -55,7 +55,8 @@ class KitArgs:
 
 @dataclass(frozen=True)
 class Recipe:
-    """A parsed recipe: TRL's ``GRPOConfig`` and ``ModelConfig``, the kit's ``KitArgs``, and the values they came from."""
+    """A parsed recipe: TRL's ``GRPOConfig`` and ``ModelConfig``, the kit's ``KitArgs``, and the values they came
+    from."""
 
     grpo: Any  # trl.GRPOConfig
     model: Any  # trl.ModelConfig

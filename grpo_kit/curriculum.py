@@ -34,13 +34,15 @@ def final_number(text: str) -> str | None:
 
 
 def answer_clusters(answers: Sequence[str | None]) -> list[tuple[str | None, int]]:
-    """``(answer, count)`` per distinct answer in first-seen order, then each missing answer (None) as its own cluster."""
+    """``(answer, count)`` per distinct answer in first-seen order, then each missing answer (None) as its own
+    cluster."""
     counts = Counter(answer for answer in answers if answer is not None)
     return [*counts.items(), *((None, 1) for answer in answers if answer is None)]
 
 
 def answer_entropy(answers: Sequence[str | None]) -> float:
-    """Entropy (nats) of the answer-cluster shares: ``-sum_c p_c ln p_c`` with ``p_c = count_c / M`` (0 for no answers)."""
+    """Entropy (nats) of the answer-cluster shares: ``-sum_c p_c ln p_c`` with ``p_c = count_c / M`` (0 for no
+    answers)."""
     total = len(answers)
     return -sum(n / total * math.log(n / total) for _, n in answer_clusters(answers)) + 0.0  # + 0.0: no -0.0
 

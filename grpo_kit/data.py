@@ -100,7 +100,8 @@ def _records(source: str, split: str):
 
 
 def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
-    """The good rows, exact duplicate questions dropped; a bad row raises, or with ``lenient`` is skipped and counted."""
+    """The good rows, exact duplicate questions dropped; a bad row raises, or with ``lenient`` is skipped and
+    counted."""
     rows, first_seen, notes, read, skipped = [], {}, [], 0, 0  # first_seen: question -> (where, answer)
     for read, record in enumerate(records, start=1):
         where = f"row {read}"

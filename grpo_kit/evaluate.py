@@ -26,7 +26,8 @@ from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import atomic_write_text
 
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
-#: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every model.
+#: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every
+#: model.
 PINNED_GENERATION = {
     "num_beams": 1,
     "top_k": 0,
@@ -120,8 +121,8 @@ def generate(
 ) -> list[list[tuple[str, int]]]:
     """The kit's one generate loop: per prompt, ``num_samples`` ``(completion_text, n_tokens)``, seeded by ``seed``.
 
-    A model with Unsloth's vLLM engine generates there, with its active LoRA adapter (``engine_lora_request``). Any other
-    through transformers: left padding; greedy when ``temperature`` is None, else plain temperature sampling
+    A model with Unsloth's vLLM engine generates there, with its active LoRA adapter (``engine_lora_request``). Any
+    other through transformers: left padding; greedy when ``temperature`` is None, else plain temperature sampling
     (``PINNED_GENERATION``); ``n_tokens`` counts up to and including the first stop token; dropout off (eval mode).
     """
     import torch
@@ -218,7 +219,8 @@ def evaluate(
     for column in ("question", "answer"):
         if column not in dataset.column_names:
             raise GrpoKitError(
-                f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found {dataset.column_names}."
+                f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found "
+                f"{dataset.column_names}."
             )
     if len(dataset) == 0:
         raise GrpoKitError("evaluate got no questions; load some with load_gsm8k('sample', 'test').")
@@ -246,7 +248,8 @@ def evaluate(
     mean = lambda key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
     protocol = (
         f"{dataset.info.description or 'GSM8K-format questions'}, n={len(rows)} "
-        f"(seed {seed}); chat prompt: {'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
+        f"(seed {seed}); chat prompt: "
+        f"{'grpo_kit.data.SYSTEM_PROMPT' if system_prompt is None else repr(system_prompt)}, "
         f"few_shot={few_shot}, prefill={prefill!r}; greedy decoding, max_new_tokens={max_new_tokens}; strict = number "
         "inside the last <answer></answer>, lenient = last number in the text, both normalized and compared exactly "
         "(grpo_kit.answers)"

@@ -3,8 +3,8 @@
     <out_dir>/<name>/  README.md (model card)  export.json  lora/  merged16/  gguf/<name>-<type>.gguf + Modelfile
 
 **Who writes what.** ``lora`` is the adapter's own files. On a GPU with Unsloth installed, Unsloth writes merged16 and
-GGUF (``grpo_kit.gguf_files.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for GGUF),
-as Unsloth's notebooks do; a T4 could not hold an 8B model in 16 bit for PEFT's merge. Elsewhere PEFT's
+GGUF (``grpo_kit.gguf_files.run_unsloth``: one merge from the 4-bit or 16-bit load the run trained on, llama.cpp for
+GGUF), as Unsloth's notebooks do; a T4 could not hold an 8B model in 16 bit for PEFT's merge. Elsewhere PEFT's
 ``merge_and_unload`` merges in float32 on the CPU, stored as bfloat16 (float32's exponent range, half the size), the
 dtype Unsloth's merge writes too. GGUF needs llama.cpp, so it needs Unsloth's route. A 4-bit base
 (``*-bnb-4bit``) is merged into its 16-bit original: 4-bit weights would lose the LoRA's precision.
@@ -45,7 +45,8 @@ FORMATS = ("lora", "merged16", "gguf")
 
 @dataclass(frozen=True)
 class ExportResult:
-    """One verified export (``path``: its folder or ``.gguf`` file), with the numbers of its check (``check_tensors``)."""
+    """One verified export (``path``: its folder or ``.gguf`` file), with the numbers of its check
+    (``check_tensors``)."""
 
     format: str
     path: Path
@@ -243,8 +244,9 @@ def _blocks(shape) -> list[slice]:
 
 
 def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind: str) -> ExportResult:
-    """``check_tensors`` on a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first and last
-    block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show here."""
+    """``check_tensors`` on a merged16 folder (every tensor of the base) or a GGUF file (embedding, final norm, first
+    and last block) with base + LoRA, one tensor at a time. Weights, not logits: a wrong chat template would not show
+    here."""
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if fmt == "gguf":
         config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))

@@ -109,7 +109,8 @@ def local_base(base_path: str) -> Path:
 
 
 def base_cached(base_path: str) -> bool:
-    """True when the Hugging Face cache already holds ``base_path``'s weights (``local_base`` then downloads nothing)."""
+    """True when the Hugging Face cache already holds ``base_path``'s weights (``local_base`` then downloads
+    nothing)."""
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:

@@ -165,7 +165,8 @@ class VramEstimate:
             f"LoRA: {self.lora_params / 1e6:.1f}M params + grads + Adam": self.lora_gib,
             "activations (one micro-batch)": self.activations_gib,
             "logits (fp32, + their gradient)": self.logits_gib,
-            f"vLLM beyond the weights (share {self.vllm_share_gib:.1f}, KV needed {self.kv_needed_gib:.2f})": self.vllm_gib,
+            f"vLLM beyond the weights (share {self.vllm_share_gib:.1f}, "
+            f"KV needed {self.kv_needed_gib:.2f})": self.vllm_gib,
             "CUDA context + allocator slack": self.overhead_gib,
             "total": self.total_gib,
         }

@@ -130,7 +130,8 @@ def integer_reward(completions, prefill=None, **kwargs) -> list[float]:
 
 
 def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
-    """CPU recipe: 0.25 per ``</think>``, ``<answer>``, ``</answer>`` seen once, +0.25 for an answer block after ``</think>``
+    """CPU recipe: 0.25 per ``</think>``, ``<answer>``, ``</answer>`` seen once, +0.25 for an answer block after
+    ``</think>``
 
     With ``<think>\\n`` prefilled each step toward the format earns something, so a 135M model's first attempts
     already differ in reward (GRPO needs that variance to learn)."""
@@ -144,7 +145,8 @@ def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
 
 
 def format_rate(completions, prefill=None, **kwargs) -> list[float]:
-    """metric, weight 0 in training: 1 when ``format`` gives credit (TRL logs the share as ``rewards/format_rate/mean``)"""
+    """metric, weight 0 in training: 1 when ``format`` gives credit (TRL logs the share as
+    ``rewards/format_rate/mean``)"""
     return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
 
 

@@ -33,8 +33,8 @@ PID_NAME = ".grpo-kit.pid"
 def checkpoint_step(folder: str | os.PathLike) -> int | None:
     """N of a Trainer ``checkpoint-N`` folder (by its name), else None.
 
-    >>> checkpoint_step("runs/x/checkpoint-40"), checkpoint_step("runs/x/adapter"), checkpoint_step("damaged-checkpoint-3")
-    (40, None, None)
+    >>> [checkpoint_step(name) for name in ("runs/x/checkpoint-40", "runs/x/adapter", "damaged-checkpoint-3")]
+    [40, None, None]
     """
     match = re.fullmatch(r"checkpoint-(\d+)", Path(folder).name)  # transformers' PREFIX_CHECKPOINT_DIR
     return int(match[1]) if match else None
