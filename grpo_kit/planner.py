@@ -244,7 +244,7 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
 
 def check_device(recipe, device) -> None:
     """Refuse what ``device`` (``models.detect_device()``) cannot run: GPU-only settings without a GPU,
-    bf16 on a GPU without it (compute capability below 8.0, e.config. a T4). Warn, naming the fixes, when the planner
+    bf16 on a GPU without it (compute capability below 8.0, e.g. a T4). Warn, naming the fixes, when the planner
     expects the recipe not to fit the card."""
     config = recipe.grpo
     if device.kind != "cuda":
@@ -260,7 +260,7 @@ def check_device(recipe, device) -> None:
         return
     if config.bf16 and not device.bf16:
         raise GrpoKitError(
-            f"{device.name} has no bf16 (compute capability below 8.0, e.config. a T4). Use fp16: --set "
+            f"{device.name} has no bf16 (compute capability below 8.0, e.g. a T4). Use fp16: --set "
             "bf16=false --set fp16=true (in code: recipe.replace(bf16=False, fp16=True)), or the "
             "t4-16gb recipe."
         )
