@@ -29,8 +29,11 @@ import time
 from pathlib import Path
 
 #: Two questions chat-formatted (one with the ``<think>`` prefill the recipes use) and one raw text.
-PROBES = ("A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
-          "Tom reads 23 pages a day for 6 days. How many pages does he read?", "The sum of 17 and 25 is")
+PROBES = (
+    "A baker makes 12 loaves in the morning and 15 in the afternoon. She sells 20. How many loaves are left?",
+    "Tom reads 23 pages a day for 6 days. How many pages does he read?",
+    "The sum of 17 and 25 is",
+)
 
 
 def one_run(recipe: str, steps: int, out: str) -> None:
@@ -49,17 +52,26 @@ def speed(rounds: int, steps: int) -> None:
     for round_ in range(rounds):
         for recipe, seen in sides.items():
             with tempfile.TemporaryDirectory() as out:
-                done = subprocess.run([sys.executable, __file__, "one-run", recipe, str(steps), f"{out}/run"],
-                                      capture_output=True, text=True, check=True)
+                done = subprocess.run(
+                    [sys.executable, __file__, "one-run", recipe, str(steps), f"{out}/run"],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
             row = json.loads(next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))[7:])
             seen["times"] += row["step_times"][1:]  # the first step warms up (allocations, kernel choice)
             seen["peaks"].append(row["peak_gib"])
-            print(f"round {round_ + 1} {recipe:<9} steps {[round(t, 1) for t in row['step_times']]} s, "
-                  f"peak RSS {row['peak_gib']:.2f} GiB", flush=True)
+            print(
+                f"round {round_ + 1} {recipe:<9} steps {[round(t, 1) for t in row['step_times']]} s, "
+                f"peak RSS {row['peak_gib']:.2f} GiB",
+                flush=True,
+            )
     median = {name: statistics.median(seen["times"]) for name, seen in sides.items()}
     for name, seen in sides.items():
-        print(f"{name:<9} median {median[name]:.1f} s/step (min {min(seen['times']):.1f}, "
-              f"{len(seen['times'])} timed steps), peak RSS median {statistics.median(seen['peaks']):.2f} GiB")
+        print(
+            f"{name:<9} median {median[name]:.1f} s/step (min {min(seen['times']):.1f}, "
+            f"{len(seen['times'])} timed steps), peak RSS median {statistics.median(seen['peaks']):.2f} GiB"
+        )
     print(f"4-bit / fp32 step time (ratio of medians): {median['cpu-4bit'] / median['cpu']:.2f}")
 
 
@@ -79,8 +91,11 @@ def gap(steps: int, questions: int) -> None:
     merged = export(result.adapter_dir, ("merged16",), out_dir=out / "exports", name="merged")[0].path
     trained, tokenizer = load_inference_model(EMBEDDED_4BIT_ID, result.adapter_dir)  # 4-bit base + LoRA
     shipped, _ = load_inference_model(str(merged))
-    texts = [build_prompts([PROBES[0]], tokenizer)[0], build_prompts([PROBES[1]], tokenizer, prefill="<think>\n")[0],
-             PROBES[2]]
+    texts = [
+        build_prompts([PROBES[0]], tokenizer)[0],
+        build_prompts([PROBES[1]], tokenizer, prefill="<think>\n")[0],
+        PROBES[2],
+    ]
 
     def logits(model):
         with torch.no_grad():
@@ -89,16 +104,26 @@ def gap(steps: int, questions: int) -> None:
     deltas = [(a - b).abs() for a, b in zip(logits(trained), logits(shipped), strict=True)]
     print(f"\n{recipe.name} on {EMBEDDED_4BIT_ID}: {result.steps} steps in {result.seconds:.0f} s")
     stored = json.loads((merged / "config.json").read_text()).get("dtype")
-    print(f"|Δlogit| 4-bit+LoRA vs merged16 (stored in {stored}), {len(deltas)} probe prompts: "
-          f"max {max(d.max().item() for d in deltas):.3f}, "
-          f"mean {torch.cat([d.flatten() for d in deltas]).mean().item():.4f}")
+    print(
+        f"|Δlogit| 4-bit+LoRA vs merged16 (stored in {stored}), {len(deltas)} probe prompts: "
+        f"max {max(d.max().item() for d in deltas):.3f}, "
+        f"mean {torch.cat([d.flatten() for d in deltas]).mean().item():.4f}"
+    )
     held_out = load_gsm8k("arithmetic", "test", limit=questions, seed=0)
-    settings = dict(max_new_tokens=recipe.grpo.max_completion_length, batch_size=16, few_shot=recipe.kit.few_shot,
-                    prefill=recipe.kit.prefill, seed=recipe.grpo.seed, progress=False)
+    settings = dict(
+        max_new_tokens=recipe.grpo.max_completion_length,
+        batch_size=16,
+        few_shot=recipe.kit.few_shot,
+        prefill=recipe.kit.prefill,
+        seed=recipe.grpo.seed,
+        progress=False,
+    )
     scored = [evaluate(trained, tokenizer, held_out, **settings), evaluate(shipped, tokenizer, held_out, **settings)]
     change = paired_difference(*([row["correct_strict"] for row in s.rows] for s in scored))
-    print(f"held-out strict accuracy ({len(held_out)} arithmetic test questions, greedy): "
-          f"4-bit+LoRA {100 * scored[0].accuracy_strict:.1f} %, merged16 {100 * scored[1].accuracy_strict:.1f} %")
+    print(
+        f"held-out strict accuracy ({len(held_out)} arithmetic test questions, greedy): "
+        f"4-bit+LoRA {100 * scored[0].accuracy_strict:.1f} %, merged16 {100 * scored[1].accuracy_strict:.1f} %"
+    )
     print("merged16 vs 4-bit+LoRA, paired: " + change.summary())
 
 

@@ -111,8 +111,12 @@ def verdict(change, seconds: float) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, help="GRPO steps at most (default: the cpu-answers preset's)")
-    parser.add_argument("--minutes", type=float, default=TARGET_SECONDS / 60,
-                        help="training wall-time budget: no step starts that would end past it (default 15)")
+    parser.add_argument(
+        "--minutes",
+        type=float,
+        default=TARGET_SECONDS / 60,
+        help="training wall-time budget: no step starts that would end past it (default 15)",
+    )
     parser.add_argument("--questions", type=int, default=200, help="held-out questions (the split holds 200)")
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads (GRPO_KIT_THREADS)")
     parser.add_argument("--out", default=None, help="run folder (default: runs/bench-cpu-answers-<time>)")
@@ -128,12 +132,18 @@ def main(argv=None) -> int:
     preset = load_recipe("cpu-answers", **parse_set(args.set), **({"max_steps": args.steps} if args.steps else {}))
     out = Path(args.out or Path("runs") / f"bench-cpu-answers-{time.strftime('%Y%m%d-%H%M%S')}")
     held_out = load_gsm8k("arithmetic", "test", limit=args.questions, seed=0)
-    result = train(preset, data="arithmetic", output_dir=out,
-                   callbacks=(time_budget(60 * args.minutes),))
+    result = train(preset, data="arithmetic", output_dir=out, callbacks=(time_budget(60 * args.minutes),))
     started = time.time()
     base, tuned = evaluate_before_after(
-        preset.model.model_name_or_path, result.adapter_dir, held_out, max_new_tokens=preset.grpo.max_completion_length, batch_size=16,
-        few_shot=preset.kit.few_shot, prefill=preset.kit.prefill, seed=preset.grpo.seed, progress=False,
+        preset.model.model_name_or_path,
+        result.adapter_dir,
+        held_out,
+        max_new_tokens=preset.grpo.max_completion_length,
+        batch_size=16,
+        few_shot=preset.kit.few_shot,
+        prefill=preset.kit.prefill,
+        seed=preset.grpo.seed,
+        progress=False,
     )
     eval_seconds = time.time() - started
     change = paired_difference([r["correct_strict"] for r in base.rows], [r["correct_strict"] for r in tuned.rows])
@@ -142,14 +152,18 @@ def main(argv=None) -> int:
     for name, scored in (("before", base), ("after", tuned)):
         scored.save(out / f"eval_{name}.json")
 
-    print(f"\ncpu-answers: {result.steps} steps x {preset.prompts_per_step} questions x G={preset.grpo.num_generations}, "
-          f"lr {preset.grpo.learning_rate:g}, temperature {preset.grpo.temperature:g}, {args.threads} threads")
+    print(
+        f"\ncpu-answers: {result.steps} steps x {preset.prompts_per_step} questions x G={preset.grpo.num_generations}, "
+        f"lr {preset.grpo.learning_rate:g}, temperature {preset.grpo.temperature:g}, {args.threads} threads"
+    )
     print("\ncorrectness reward per step (training samples):\n" + curve_table(curve))
     print(f"curve image: {png}")
     print(f"\nheld-out strict accuracy, arithmetic test, greedy, {preset.grpo.max_completion_length} tokens:")
     print(change.summary())
-    print(f"lenient {100 * base.accuracy_lenient:.1f} % -> {100 * tuned.accuracy_lenient:.1f} %, "
-          f"format {100 * base.format_rate:.1f} % -> {100 * tuned.format_rate:.1f} %")
+    print(
+        f"lenient {100 * base.accuracy_lenient:.1f} % -> {100 * tuned.accuracy_lenient:.1f} %, "
+        f"format {100 * base.format_rate:.1f} % -> {100 * tuned.format_rate:.1f} %"
+    )
     print(f"training {result.seconds:.0f} s, evaluation (both models) {eval_seconds:.0f} s")
     print(verdict(change, result.seconds))
     return 0

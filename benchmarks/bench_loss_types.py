@@ -19,15 +19,23 @@ from pathlib import Path
 
 #: GRPO loss variants, taught by name: the GRPOConfig fields each one is, and what it changes (docs/SCALING.md).
 LOSS_VARIANTS: dict[str, tuple[dict, str]] = {
-    "grpo": ({"loss_type": "grpo"}, "original GRPO: token losses averaged per completion, then over completions "
-             "(length-biased: short right answers and long wrong ones are favoured)"),
-    "dr_grpo": ({"loss_type": "dr_grpo"}, "Dr. GRPO: token losses summed and divided by a constant "
-                "(max_completion_length): no length bias (the paper also drops std scaling: scale_rewards=none)"),
+    "grpo": (
+        {"loss_type": "grpo"},
+        "original GRPO: token losses averaged per completion, then over completions "
+        "(length-biased: short right answers and long wrong ones are favoured)",
+    ),
+    "dr_grpo": (
+        {"loss_type": "dr_grpo"},
+        "Dr. GRPO: token losses summed and divided by a constant "
+        "(max_completion_length): no length bias (the paper also drops std scaling: scale_rewards=none)",
+    ),
     "dapo": ({"loss_type": "dapo"}, "DAPO, TRL's default: token losses averaged over every token of the batch"),
     "bnpo": ({"loss_type": "bnpo"}, "BNPO: token losses averaged over the tokens of each micro-batch"),
-    "gspo": ({"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
-             "GSPO: one importance ratio per completion clipped at 3e-4/4e-4; differs from grpo only when batches "
-             "are reused (num_iterations > 1 or steps_per_generation > accumulation)"),
+    "gspo": (
+        {"loss_type": "grpo", "importance_sampling_level": "sequence", "epsilon": 3e-4, "epsilon_high": 4e-4},
+        "GSPO: one importance ratio per completion clipped at 3e-4/4e-4; differs from grpo only when batches "
+        "are reused (num_iterations > 1 or steps_per_generation > accumulation)",
+    ),
 }
 
 

@@ -64,8 +64,13 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     path = embedded_model_path()
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    dataset, _ = format_for_grpo(load_gsm8k("sample", split="train"), tokenizer, few_shot=preset.kit.few_shot,
-                                 prefill=preset.kit.prefill, max_prompt_tokens=preset.kit.max_prompt_length)
+    dataset, _ = format_for_grpo(
+        load_gsm8k("sample", split="train"),
+        tokenizer,
+        few_shot=preset.kit.few_shot,
+        prefill=preset.kit.prefill,
+        max_prompt_tokens=preset.kit.max_prompt_length,
+    )
     funcs = reward_functions(preset.kit.reward_funcs)
     # The recipe is TRL's own GRPOConfig and ModelConfig: the plain script uses them as they are.
     config = copy.copy(preset.grpo)
@@ -102,10 +107,14 @@ def verdict(times: dict[str, list[float]], target: float = 1.02) -> str:
     plain  median 10.00  min 10.00 s/step  (3 timed steps)
     ratio of medians kit/plain = 1.000 (target <= 1.02): met
     """
-    lines = [f"{name:<6} median {statistics.median(ts):.2f}  min {min(ts):.2f} s/step  ({len(ts)} timed steps)"
-             for name, ts in times.items()]
+    lines = [
+        f"{name:<6} median {statistics.median(ts):.2f}  min {min(ts):.2f} s/step  ({len(ts)} timed steps)"
+        for name, ts in times.items()
+    ]
     ratio = statistics.median(times["kit"]) / statistics.median(times["plain"])
-    lines.append(f"ratio of medians kit/plain = {ratio:.3f} (target <= {target}): {'met' if ratio <= target else 'NOT met'}")
+    lines.append(
+        f"ratio of medians kit/plain = {ratio:.3f} (target <= {target}): {'met' if ratio <= target else 'NOT met'}"
+    )
     return "\n".join(lines)
 
 
@@ -113,11 +122,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3, help="optimizer steps per run (first one is warm-up)")
     parser.add_argument("--rounds", type=int, default=4, help="kit/plain run pairs, interleaved")
-    parser.add_argument("--warmup-runs", type=int, default=1,
-                        help="untimed kit + plain runs first: the first run in a process pays one-time costs")
+    parser.add_argument(
+        "--warmup-runs",
+        type=int,
+        default=1,
+        help="untimed kit + plain runs first: the first run in a process pays one-time costs",
+    )
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
-
 
     import torch
 

@@ -37,17 +37,23 @@ def write_models(root: Path) -> None:
 
     torch.manual_seed(0)
     names = {"embed": "model.embed_tokens.weight", "mlp": "model.layers.0.mlp.up_proj.weight"}
-    base = {names["embed"]: (torch.randn(EMBEDDING) * 0.02).to(torch.bfloat16),
-            names["mlp"]: (torch.randn(MLP) * 0.02).to(torch.bfloat16)}
+    base = {
+        names["embed"]: (torch.randn(EMBEDDING) * 0.02).to(torch.bfloat16),
+        names["mlp"]: (torch.randn(MLP) * 0.02).to(torch.bfloat16),
+    }
     lora_a, lora_b = torch.randn(RANK, MLP[1]) * 0.01, torch.randn(MLP[0], RANK) * 0.01
     prefix = "base_model.model.model.layers.0.mlp.up_proj"
     for folder in ("base", "adapter", "merged"):
         (root / folder).mkdir()
     save_file(base, str(root / "base" / "model.safetensors"), metadata={"format": "pt"})
-    save_file({f"{prefix}.lora_A.weight": lora_a, f"{prefix}.lora_B.weight": lora_b},
-              str(root / "adapter" / "adapter_model.safetensors"), metadata={"format": "pt"})
-    (root / "adapter" / "adapter_config.json").write_text(json.dumps(
-        {"r": RANK, "lora_alpha": RANK, "target_modules": ["up_proj"], "peft_type": "LORA"}))
+    save_file(
+        {f"{prefix}.lora_A.weight": lora_a, f"{prefix}.lora_B.weight": lora_b},
+        str(root / "adapter" / "adapter_model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    (root / "adapter" / "adapter_config.json").write_text(
+        json.dumps({"r": RANK, "lora_alpha": RANK, "target_modules": ["up_proj"], "peft_type": "LORA"})
+    )
     merged = dict(base)
     merged[names["mlp"]] = (base[names["mlp"]].float() + lora_b @ lora_a).to(torch.bfloat16)  # alpha / r = 1
     save_file(merged, str(root / "merged" / "model.safetensors"), metadata={"format": "pt"})
@@ -69,8 +75,10 @@ def check(root: Path) -> None:
     start = time.perf_counter()
     result = check_weights("merged16", root / "merged", root / "base", root / "adapter", "bfloat16")
     peak = memory_gib("VmHWM")
-    print(f"check: {result.detail}; max |d| {result.max_abs_diff:.2e} <= {result.tolerance:.2e}; LoRA effect "
-          f"{result.lora_effect:.2e}; {time.perf_counter() - start:.1f} s")
+    print(
+        f"check: {result.detail}; max |d| {result.max_abs_diff:.2e} <= {result.tolerance:.2e}; LoRA effect "
+        f"{result.lora_effect:.2e}; {time.perf_counter() - start:.1f} s"
+    )
     print(f"rss before the check {baseline:.2f} GiB, peak {peak:.2f} GiB")
     print(f"peak_rss_over_baseline_gib={peak - baseline:.2f}")
 
@@ -84,9 +92,17 @@ def write_layers(root: Path, layers: int) -> None:
 
     from grpo_kit.models import embedded_model_path
 
-    config = LlamaConfig(vocab_size=EMBEDDING[0], hidden_size=EMBEDDING[1], intermediate_size=MLP[0],
-                         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                         tie_word_embeddings=False, torch_dtype="bfloat16")
+    config = LlamaConfig(
+        vocab_size=EMBEDDING[0],
+        hidden_size=EMBEDDING[1],
+        intermediate_size=MLP[0],
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
     torch.manual_seed(0)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -111,10 +127,16 @@ def export_whole(root: Path, layers: int) -> None:
     baseline, start = memory_gib("VmRSS"), time.perf_counter()
     export(root / "run" / "adapter", ("lora", "merged16"), out_dir=root / "exports", name="x")
     seconds, peak = time.perf_counter() - start, memory_gib("VmHWM")
-    written = {f.name: sum(p.stat().st_size for p in f.rglob("*") if p.is_file()) for f in (root / "exports" / "x").iterdir()
-               if f.is_dir()}
-    print(f"{layers} layers: export lora,merged16 in {seconds:.0f} s; written {', '.join(f'{k} {v / 1e9:.2f} GB' for k, v in written.items())}; "
-          f"peak RSS {peak:.2f} GiB ({peak - baseline:.2f} over the {baseline:.2f} before)")
+    written = {
+        f.name: sum(p.stat().st_size for p in f.rglob("*") if p.is_file())
+        for f in (root / "exports" / "x").iterdir()
+        if f.is_dir()
+    }
+    sizes = ", ".join(f"{k} {v / 1e9:.2f} GB" for k, v in written.items())
+    print(
+        f"{layers} layers: export lora,merged16 in {seconds:.0f} s; written {sizes}; "
+        f"peak RSS {peak:.2f} GiB ({peak - baseline:.2f} over the {baseline:.2f} before)"
+    )
 
 
 def main() -> int:
@@ -131,8 +153,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
         write_models(Path(tmp))
-        print(f"wrote the 8B-shaped embedding {EMBEDDING} and MLP weight {MLP} (bfloat16), a rank-{RANK} LoRA and "
-              f"their merge in {time.perf_counter() - start:.0f} s")
+        print(
+            f"wrote the 8B-shaped embedding {EMBEDDING} and MLP weight {MLP} (bfloat16), a rank-{RANK} LoRA and "
+            f"their merge in {time.perf_counter() - start:.0f} s"
+        )
         return subprocess.run([sys.executable, __file__, "--check", tmp]).returncode
 
 

@@ -34,26 +34,33 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="export-weights-"))
     torch.manual_seed(0)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    lora = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    lora = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets)
+    )
     with torch.no_grad():
         for name, param in lora.named_parameters():
             if "lora_B" in name:
                 param.normal_(0.0, args.std)
     lora.save_pretrained(work / "adapter")
-    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), str(work / "adapter")).merge_and_unload()
+    merged = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base), str(work / "adapter")
+    ).merge_and_unload()
     worst = 0.0  # q8_0: max |d| / max |w| over the 2-D matrices (the ones q8_0 stores)
     for tensor in merged.state_dict().values():
         if tensor.ndim == 2 and tensor.shape[-1] % 32 == 0:
             w = tensor.float().numpy()
-            back = gguf.quants.dequantize(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0),
-                                          gguf.GGMLQuantizationType.Q8_0)
+            back = gguf.quants.dequantize(
+                gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0
+            )
             worst = max(worst, float(abs(back - w).max() / abs(w).max()))
     print(f"q8_0: worst max|d| / max|w| {worst:.4g} (limit {WEIGHT_RTOL['q8_0']:.4g})")
     for dtype in ("bfloat16", "float16"):
         copy.deepcopy(merged).to(getattr(torch, dtype)).save_pretrained(work / dtype)
         r = check_weights("merged16", work / dtype, base, work / "adapter", dtype)
-        print(f"{r.detail}\n    worst max|d| {r.max_abs_diff:.4g} (that tensor's limit {r.tolerance:.4g}); mean |d| to "
-              f"base+LoRA {r.mean_abs_diff:.2e} vs to base {r.mean_abs_diff_base:.2e}")
+        print(
+            f"{r.detail}\n    worst max|d| {r.max_abs_diff:.4g} (that tensor's limit {r.tolerance:.4g}); mean |d| to "
+            f"base+LoRA {r.mean_abs_diff:.2e} vs to base {r.mean_abs_diff_base:.2e}"
+        )
 
 
 if __name__ == "__main__":

