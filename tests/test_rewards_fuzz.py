@@ -210,42 +210,51 @@ def test_answer_helpers_are_total(text, other):
     assert answers_match(text, other) == answers_match(other, text)
 
 
+# Adversarial inputs of about 100,000 characters: (head, repeated unit, repeats, tail). The rewards must take linear time
+# on them (DESIGN.md, reward contract): a regex that backtracks takes quadratic time, 64x for 8x the input.
 LONG_INPUTS = {
-    "open think x20000": "<think>" * 20_000,
-    "open answer x20000": "<answer>" * 20_000,
-    "close then open": "</think><answer>" * 7_000,
-    "think close + whitespace": "<think>" + "</think>" + " " * 100_000,
-    "handover never closed": "<think>" + "</think> <answer>" * 6_000,
-    "every tag": "<think></think><answer></answer>" * 3_000,
-    "answer of digits": "<answer>" + "9" * 100_000 + "</answer>",
-    "answer of commas": "<answer>" + "1," * 50_000 + "</answer>",
-    "nested boxed": "<answer>" + "\\boxed{" * 14_000 + "</answer>",
-    "trailing junk": "<think>a</think><answer>7</answer>" + "x" * 100_000,
-    "eos markers": "<think>a</think><answer>7</answer>" + "<|im_end|>" * 10_000,
-    "whitespace": " \n" * 50_000,
-    "unicode": "\u2212\u0667\uff17\U0001f600" * 25_000,
-    "closing tags": "</answer>" * 11_000,
-    "answer left open": "<think>a</think><answer>" + "7, because " * 9_000,
-    "alternatives": "<answer>" + "18 or " * 16_000 + "</answer>",
-    "spaced digits": "<answer>" + "1 000 " * 16_000 + "</answer>",
-    "bold": "<answer>" + "**7** " * 16_000 + "</answer>",
+    "open think x20000": ("", "<think>", 20_000, ""),
+    "open answer x20000": ("", "<answer>", 20_000, ""),
+    "close then open": ("", "</think><answer>", 7_000, ""),
+    "think close + whitespace": ("<think></think>", " ", 100_000, ""),
+    "handover never closed": ("<think>", "</think> <answer>", 6_000, ""),
+    "every tag": ("", "<think></think><answer></answer>", 3_000, ""),
+    "answer of digits": ("<answer>", "9", 100_000, "</answer>"),
+    "answer of commas": ("<answer>", "1,", 50_000, "</answer>"),
+    "nested boxed": ("<answer>", "\\boxed{", 14_000, "</answer>"),
+    "trailing junk": ("<think>a</think><answer>7</answer>", "x", 100_000, ""),
+    "eos markers": ("<think>a</think><answer>7</answer>", "<|im_end|>", 10_000, ""),
+    "whitespace": ("", " \n", 50_000, ""),
+    "unicode": ("", "\u2212\u0667\uff17\U0001f600", 25_000, ""),
+    "closing tags": ("", "</answer>", 11_000, ""),
+    "answer left open": ("<think>a</think><answer>", "7, because ", 9_000, ""),
+    "alternatives": ("<answer>", "18 or ", 16_000, "</answer>"),
+    "spaced digits": ("<answer>", "1 000 ", 16_000, "</answer>"),
+    "bold": ("<answer>", "**7** ", 16_000, "</answer>"),
 }
+
+
+def long_input(label: str, fraction: int = 1) -> str:
+    head, unit, repeats, tail = LONG_INPUTS[label]
+    return head + unit * (repeats // fraction) + tail
+
+
+def fastest_seconds(name: str, text: str) -> float:
+    """The fastest of three calls: the reward's own time, without the pauses other processes cause."""
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        REWARDS[name]([text, [{"role": "assistant", "content": text}]], answer=["7", "7"], prefill="<think>\n")
+        times.append(time.perf_counter() - start)
+    return min(times)
 
 
 @pytest.mark.parametrize("name", sorted(RANGES))
 @pytest.mark.parametrize("label", sorted(LONG_INPUTS))
-def test_long_adversarial_input_is_fast(name, label):
-    text = LONG_INPUTS[label]
+def test_long_adversarial_input_takes_linear_time(name, label):
+    text = long_input(label)
     assert len(text) >= 90_000
-    start = time.perf_counter()
-    scores = REWARDS[name]([text, [{"role": "assistant", "content": text}]], answer=["7", "7"], prefill="<think>\n")
-    elapsed = time.perf_counter() - start
-    _check(name, scores, 2)
-    assert elapsed < 0.5, f"{name} took {elapsed:.3f}s on {label!r}"
-
-
-def test_every_reward_on_every_long_input_at_once_is_fast():
-    start = time.perf_counter()
-    for name in RANGES:
-        assert len(REWARDS[name](list(LONG_INPUTS.values()), answer="7")) == len(LONG_INPUTS), name
-    assert time.perf_counter() - start < 2.0
+    _check(name, REWARDS[name]([text, [{"role": "assistant", "content": text}]], answer=["7", "7"]), 2)
+    # 8x the input: about 8x the time when linear, 64x when quadratic; a ratio holds on a busy machine as well
+    ratio = fastest_seconds(name, text) / max(fastest_seconds(name, long_input(label, 8)), 1e-4)
+    assert ratio < 24, f"{name}: 8x the input {label!r} took {ratio:.0f}x the time (not linear)"
