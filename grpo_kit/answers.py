@@ -38,7 +38,7 @@ Every function here is total: any string in, a value out, no exception, in time 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import Decimal, localcontext
 
 #: The longest answer text read in full; a longer one is read from its last MAX_SCAN_CHARS characters (and the
 #: lenient protocol reads the last number of the last MAX_SCAN_CHARS characters). Locating the block is unbounded.
@@ -85,10 +85,6 @@ _CONCLUSION = re.compile(
 _ALTERNATIVE = re.compile(r"\b(?:or|either)\b", re.IGNORECASE)
 # A "**" right after an operand ("10**3", "10 ** 3") is a power; before a number with a space in front it is bold.
 _POWER = re.compile(r"(?:[\w)\]}]\*\*\s*|[\w)\]}]\s+\*\*\s+)\Z")
-
-
-def _tail(text: str) -> str:
-    return text[-MAX_SCAN_CHARS:] if len(text) > MAX_SCAN_CHARS else text
 
 
 def strip_end_markers(text: str) -> str:
@@ -140,7 +136,7 @@ def extract_last_number(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    numbers = _NUMBER.findall(_tail(text))
+    numbers = _NUMBER.findall(text[-MAX_SCAN_CHARS:])
     return numbers[-1] if numbers else None
 
 
@@ -160,7 +156,7 @@ def normalize_number(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    text = _tail(text).strip()
+    text = text[-MAX_SCAN_CHARS:].strip()
     boxed = _BOXED.findall(text)
     if boxed:
         text = boxed[-1].strip()
@@ -219,16 +215,10 @@ def _to_canonical(number: str) -> str | None:
         digits = digits.replace(separator, "")
     if _digit_count(digits) > MAX_DIGITS:
         return None
-    try:
-        value = Decimal(digits)
-    except InvalidOperation:
-        return None
-    return _canonical(value)
+    return _canonical(Decimal(digits))
 
 
 def _canonical(value: Decimal) -> str | None:
-    if not value.is_finite():
-        return None
     with localcontext() as context:
         context.prec = _PRECISION  # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
         value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()

@@ -176,11 +176,12 @@ def guard_rewards(funcs, run_dir: str | os.PathLike | None = None) -> list:
     import torch
     from trl.trainer.utils import is_async_callable
 
-    plain = [
-        callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
+    return [
+        GuardedReward(fn, run_dir)
+        if callable(fn) and not isinstance(fn, (torch.nn.Module, GuardedReward)) and not is_async_callable(fn)
+        else fn
         for fn in funcs
     ]
-    return [GuardedReward(fn, run_dir) if wrap else fn for fn, wrap in zip(funcs, plain, strict=True)]
 
 
 # --------------------------------------------------------------------------------------------- trainer callbacks

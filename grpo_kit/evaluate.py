@@ -147,7 +147,7 @@ def generate(
         max_new_tokens=max_new_tokens,
         num_return_sequences=num_samples,
         eos_token_id=stops,
-        pad_token_id=stops[0] if tokenizer.pad_token_id is None else tokenizer.pad_token_id,
+        pad_token_id=tokenizer.pad_token_id,  # padding=True below refuses a tokenizer without one
     )
     results: list[list[tuple[str, int]]] = []
     model.eval()  # dropout off; a trainer puts the model back in train mode at every step (Trainer.training_step)
@@ -433,12 +433,9 @@ def evaluate_harness(
     batch_size: int = 8,
     label: str = "",
 ) -> HarnessResult:
-    """lm-eval's ``HARNESS_TASK`` on the questions of ``dataset`` for ``model`` (+ ``adapter``). lm-eval loads the model
-    itself (``HFLM``, the adapter via ``peft=``): float32 on a CPU, 16 bits on a GPU."""
-    import torch
-
-    from grpo_kit.adapters import check_adapter
-    from grpo_kit.models import half_dtype_name, resolve_model_id
+    """lm-eval's ``HARNESS_TASK`` on the questions of ``dataset`` for ``model`` (+ ``adapter``), loaded as the kit's
+    protocol loads it (``models.load_inference_model``: float32 on a CPU, 16 bits on a GPU) and handed to ``HFLM``."""
+    from grpo_kit.models import load_inference_model
 
     try:
         import lm_eval
@@ -449,29 +446,13 @@ def evaluate_harness(
             f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
             f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness."
         ) from error
-    if adapter is not None:  # a missing, torn or NaN adapter is reported before lm-eval loads the model
-        check_adapter(adapter, use=f"evaluate the adapter {adapter}")
-    # 16 bits on a GPU as the kit's own protocol loads it (fp16 on a T4, which has no bf16): "auto" would take the
-    # checkpoint's bf16 there.
-    cuda = torch.cuda.is_available()
-    lm = HFLM(
-        pretrained=resolve_model_id(model),
-        peft=str(adapter) if adapter else None,
-        device="cuda" if cuda else "cpu",
-        dtype=half_dtype_name() if cuda else "float32",
-        batch_size=batch_size,
-    )
+    loaded, tokenizer = load_inference_model(model, adapter)  # checks the adapter first
+    lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size)
     # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
     manager = TaskManager(include_path=str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k"), include_defaults=False)
     with tempfile.TemporaryDirectory(prefix="grpo-kit-harness-") as folder:
         test_file = Path(folder) / "test.jsonl"
-        test_file.write_text(
-            "".join(
-                json.dumps({"question": q, "answer": str(a)}, ensure_ascii=False) + "\n"
-                for q, a in zip(dataset["question"], dataset["answer"], strict=True)
-            ),
-            encoding="utf-8",
-        )
+        dataset.select_columns(["question", "answer"]).to_json(test_file)  # JSON lines
         results = lm_eval.simple_evaluate(
             model=lm,
             tasks=[task_config(manager, test_file)],

@@ -533,9 +533,10 @@ def export(
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
     evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
+    recipe = run.get("recipe") or {}
     # The prompt it trained with (its run's recipe, or the prompt.json of an exported adapter), for each folder.
-    prompt = run_settings(None, adapter_dir)[1] if run.get("recipe") or (adapter_dir / PROMPT_FILE).is_file() else None
-    trained_on = base_model or trained_base(adapter_dir, run.get("recipe") or {})
+    prompt = run_settings(None, adapter_dir)[1] if recipe or (adapter_dir / PROMPT_FILE).is_file() else None
+    trained_on = base_model or trained_base(adapter_dir, recipe)
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
@@ -548,7 +549,8 @@ def export(
             "on a GPU with Unsloth installed (the Colab notebook installs it)."
         )
     files.check_writable(out_dir, what="exports", option="--out-dir")  # before the minutes of loading and merging
-    tokenizer = models.load_tokenizer(models.resolve_model_id(trained_on))
+    trained_path = models.resolve_model_id(trained_on)
+    tokenizer = models.load_tokenizer(trained_path)
     files.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     check_space(base_path, out_dir, name, wanted, gguf_types, by_unsloth=by_unsloth)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
@@ -569,10 +571,10 @@ def export(
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
             if by_unsloth:
-                in_4bit = merge_base != trained_on or bool((run.get("recipe") or {}).get("load_in_4bit"))
+                in_4bit = merge_base != trained_on or bool(recipe.get("load_in_4bit"))
                 made = gguf_files.run_unsloth(
                     adapter_dir,
-                    models.resolve_model_id(trained_on),
+                    trained_path,
                     scratch,
                     gguf_types,
                     merged16="merged16" in wanted,
@@ -596,7 +598,7 @@ def export(
                     write_prompt(staging / "merged16", prompt)
             answered = None
             if answers and prompt and "merged16" in wanted:
-                length = int((run.get("recipe") or {}).get("max_completion_length") or 256)
+                length = int(recipe.get("max_completion_length") or 256)
                 answered = verify_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""

@@ -122,10 +122,11 @@ def train(
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
     checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
+    resumed_from = runs.checkpoint_step(checkpoint) if checkpoint else None
     PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
-    if checkpoint is not None and runs.checkpoint_step(checkpoint) >= config.max_steps:
+    if resumed_from is not None and resumed_from >= config.max_steps:
         adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
-        return _result(run_dir, adapter, runs.checkpoint_step(checkpoint), 0.0, already_finished=True)
+        return _result(run_dir, adapter, resumed_from, 0.0, already_finished=True)
 
     # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
     policy, tokenizer = models.load_model(recipe)
@@ -133,15 +134,9 @@ def train(
     # --- Record the run (run.json; metrics after a resumed checkpoint are cut, they will be logged again)
     metrics_path = run_dir / "metrics.jsonl"
     if is_main:
-        if checkpoint is not None:
-            truncate_metrics(metrics_path, runs.checkpoint_step(checkpoint))
-        runs.write_run_info(
-            run_dir,
-            recipe,
-            data=data,
-            curriculum=curriculum_report,
-            resumed_from=runs.checkpoint_step(checkpoint) if checkpoint else None,
-        )
+        if resumed_from is not None:
+            truncate_metrics(metrics_path, resumed_from)
+        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report, resumed_from=resumed_from)
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
     trainer = trl.GRPOTrainer(

@@ -126,32 +126,33 @@ def test_runs_follow_the_kit_eval_naming(flags, expected, gsm8k_file, tmp_path, 
 
 def test_on_a_t4_the_harness_loads_the_model_in_float16_not_the_checkpoints_bf16(monkeypatch, make_adapter, tmp_path,
                                                                                  tiny_model_dir):
-    """lm-eval's dtype="auto" would load a bf16 checkpoint in bf16, which a T4 only emulates; the harness loads in the
-    kit's 16-bit dtype for the card, as the kit's own protocol does. A torn adapter is refused before lm-eval loads."""
+    """lm-eval's dtype="auto" would load a bf16 checkpoint in bf16, which a T4 only emulates; the harness hands lm-eval
+    the model the kit's own protocol loads, in the card's 16-bit dtype. A torn adapter is refused before any load."""
     pytest.importorskip("lm_eval")
     import torch
-    from lm_eval.models import huggingface
+
+    from grpo_kit import models
 
     seen = {}
 
     class Stop(Exception):
         pass
 
-    def recording_hflm(**kwargs):
-        seen.update(kwargs)
+    def recording_load(model_id, dtype, load_in_4bit):
+        seen.update(model_id=model_id, dtype=dtype)
         raise Stop
 
-    monkeypatch.setattr(huggingface, "HFLM", recording_hflm)
+    monkeypatch.setattr(models, "_transformers_load", recording_load)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (7, 5))
     with pytest.raises(Stop):
         evaluate_harness("embedded", None)
-    assert (seen["device"], seen["dtype"]) == ("cuda", "float16")
+    assert seen["dtype"] == "float16"
 
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
     weights = adapter / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     seen.clear()
-    with pytest.raises(GrpoKitError, match="Cannot evaluate the adapter"):
+    with pytest.raises(GrpoKitError, match="Cannot load the adapter"):
         evaluate_harness("embedded", None, adapter=adapter)
     assert seen == {}
