@@ -57,7 +57,7 @@ $(UNSLOTH_STAMP): $(STAMP) requirements-colab.txt
 # (tests/conftest.py deselects them from the first run).
 test: install $(UNSLOTH_STAMP)
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
-	$(VENV)/bin/ruff format --check grpo_kit
+	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
 	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_unsloth tests
 
@@ -66,7 +66,7 @@ test-fast: install
 
 lint: install
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
-	$(VENV)/bin/ruff format --check grpo_kit
+	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
 
 bench: install
 	$(PY) benchmarks/bench_step_time.py
