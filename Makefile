@@ -78,10 +78,30 @@ gpu-bundle: install
 
 # A fork: `make fork-url REPO=you/grpo-kit` points the project URL in pyproject.toml and every notebook's Colab badge and
 # install cell (which clones it) at your repository.
+# REPO reaches Python through the environment as typed (make's `value`, no shell): pasted into a recipe's shell line, a
+# `...` or $(...) in it would run. The check keeps pyproject.toml and the notebooks' JSON valid.
+fork-url: export FORK_REPO := $(value REPO)
+unexport REPO  # make would expand it (a $(shell ...) in it would run) to pass it on in the environment
 fork-url:
-	@echo "$(REPO)" | grep -Eq '^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$$' || { echo "usage: make fork-url REPO=owner/name"; exit 2; }
-	OLD=$$(sed -n 's|^Repository = "https://github.com/\([^"]*\)".*|\1|p' pyproject.toml) && \
-	sed -i "s|github.com/$$OLD\b|github.com/$(REPO)|g; s|github/$$OLD/|github/$(REPO)/|g; s|githubusercontent.com/$$OLD/|githubusercontent.com/$(REPO)/|g" pyproject.toml notebooks/*.ipynb
+	@$(PYTHON) -c "$$FORK_URL_PY"
+
+define FORK_URL_PY
+import os, pathlib, re, sys
+new = os.environ["FORK_REPO"]
+if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", new) or {".", ".."} & set(new.split("/")):
+    print(f"make fork-url: REPO={new!r} is not a GitHub owner/name; usage: make fork-url REPO=owner/name "
+          "(letters, digits, '-', '_', '.')", file=sys.stderr)
+    sys.exit(2)
+pyproject = pathlib.Path("pyproject.toml")
+old = re.search(r'^Repository = "https://github.com/([^"]*)"', pyproject.read_text(), re.M)[1]
+for path in [pyproject, *sorted(pathlib.Path("notebooks").glob("*.ipynb"))]:
+    text = path.read_text()
+    for before, after in ((r"github\.com/{}\b", "github.com/{}"), (r"github/{}/", "github/{}/"),
+                          (r"githubusercontent\.com/{}/", "githubusercontent.com/{}/")):
+        text = re.sub(before.format(re.escape(old)), after.format(new), text)
+    path.write_text(text)
+endef
+export FORK_URL_PY
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -190,6 +190,15 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # TRL's and transformers' own checks in GRPOConfig.__post_init__
         raise GrpoKitError(f"Recipe {name}: {error}") from error
+    except ZeroDivisionError:  # TRL's batch arithmetic divides by these before checking them
+        sizes = ("num_generations", "per_device_train_batch_size", "gradient_accumulation_steps")
+        zero = [
+            key for key in (*sizes, "steps_per_generation", "generation_batch_size") if str(settable.get(key)) == "0"
+        ]
+        raise GrpoKitError(
+            f"Recipe {name}: {zero[0] if zero else 'a batch size'}=0 cannot be meant; {', '.join(sizes)} "
+            "(and steps_per_generation, generation_batch_size if set) must be positive."
+        ) from None
     recipe = Recipe(grpo=grpo, model=model, kit=kit, values=values)
     _check(recipe)
     return recipe
