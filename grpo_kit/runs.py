@@ -10,6 +10,7 @@ folder is atomic), so a crash leaves the old target whole and at most a staging 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -38,13 +39,19 @@ PID_NAME = ".grpo-kit.pid"
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` (folder made) through a sibling temporary file: a reader never sees half of it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as error:
+        with contextlib.suppress(OSError):  # a file where a folder should be: there is no tmp to remove
+            tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError):  # a full disk, a file in the way: one line, the old file intact
+            raise GrpoKitError(
+                f"Cannot write {path}: {error.strerror or error} ({error.filename or path}); {path} is as it was "
+                "and the partial file was removed. Free disk space there, or write to another path."
+            ) from None
         raise
     return path
 
@@ -113,12 +120,13 @@ def check_writable(out_dir: Path, *, what: str, option: str) -> None:
     """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
+        with tempfile.TemporaryFile(dir=out_dir) as probe:
+            probe.write(b"x")  # a full disk still lets empty files be made
+            probe.flush()
     except OSError as error:
         raise GrpoKitError(
-            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
-            "a folder you can write to."
+            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Nothing was written; free disk space "
+            f"there, or choose another {option}, a folder you can write to."
         ) from None
 
 
@@ -196,6 +204,29 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return next((folder for _, folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
+
+
+def disk_full(error: Exception, run_dir: Path, step: int) -> GrpoKitError | None:
+    """The error to report when training stopped because a file could not be written at ``step`` (a full disk:
+    ``OSError``, or ``torch.save``'s zip writer's ``RuntimeError``), else None. The checkpoint it was writing is
+    incomplete (the Trainer writes ``trainer_state.json`` last) and is removed to give the space back; the complete
+    ones before it are untouched, so ``--resume`` continues from the newest."""
+    if getattr(error, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "inline_container" not in str(error):
+        return None
+    partial = run_dir / f"checkpoint-{step}"
+    removed = partial.is_dir() and checkpoint_problem(partial) is not None
+    if removed:
+        shutil.rmtree(partial, ignore_errors=True)
+    last = latest_checkpoint(run_dir)
+    return GrpoKitError(
+        f"Training stopped at step {step}: a file in {run_dir} could not be written "
+        f"({getattr(error, 'strerror', None) or str(error).splitlines()[0][:120]})"
+        + (f"; the partial {partial.name} was removed" if removed else "")
+        + (f". {last.name} is complete and intact" if last else ". No checkpoint was complete yet")
+        + ". Free disk space (checkpoints hold the optimizer state: `du -sh` the run folder), then run the same "
+        + "command with --resume"
+        + (f" to continue from {last.name}." if last else " (it starts again from step 0).")
+    )
 
 
 # --------------------------------------------------------------------------------------------- the run folder

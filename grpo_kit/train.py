@@ -160,12 +160,16 @@ def train(
         callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), *callbacks],
     )
     start = time.time()
-    with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    seconds = time.time() - start
-
-    # --- Save: the adapter is written atomically and must be finite before the run counts as done
-    adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
+    try:
+        with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        seconds = time.time() - start
+        # --- Save: the adapter is written atomically and must be finite before the run counts as done
+        adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
+    except Exception as error:  # a full disk: one line, what is intact and how to go on
+        if full := runs.disk_full(error, run_dir, trainer.state.global_step):
+            raise full from None
+        raise
     if is_main:
         check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
     return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
