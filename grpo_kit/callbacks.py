@@ -310,6 +310,30 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
     return sum(values[:window]) / window, sum(values[-window:]) / window
 
 
+def collapse(history: list[dict]) -> str | None:
+    """What the last logged step shows when the model no longer answers, else None: the reward fell to 0, and every
+    completion was cut at max_completion_length where some used to end, with no gradient left. A learning rate far too
+    high does that while every weight stays finite and small, so ``runs.adapter_problem`` cannot see it; the run's own
+    log can. (A budget too short for any answer clips every completion from the start: that is no collapse.)
+
+    >>> collapse([{"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625}, {"step": 2, "reward": 0.0,
+    ...     "completions/clipped_ratio": 1.0, "grad_norm": 0.0}])
+    'at step 2 the reward fell from 0.250 to 0, every completion was cut at max_completion_length and grad_norm was 0'
+    """
+    rows = [row for row in history if isinstance(row.get("reward"), (int, float))]
+    if not rows:
+        return None
+    last, best = rows[-1], max(row["reward"] for row in rows)
+    ended = min(row.get("completions/clipped_ratio", 1) for row in rows) < 1  # some completions ended before
+    clipped, still = last.get("completions/clipped_ratio") == 1, last.get("grad_norm") == 0
+    if last["reward"] == 0 < best and ended and clipped and still:
+        return (
+            f"at step {last.get('step')} the reward fell from {best:.3f} to 0, every completion was cut at "
+            "max_completion_length and grad_norm was 0"
+        )
+    return None
+
+
 def _excerpt(text: str, length: int = 80) -> str:
     """The start of ``text`` on one line for an error message, newlines shown as ``⏎``.
 

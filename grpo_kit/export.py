@@ -532,10 +532,21 @@ def export(
     export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
     one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
-    from grpo_kit.callbacks import check_adapter, dumps_finite
+    from grpo_kit.callbacks import check_adapter, collapse, dumps_finite, read_metrics
 
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
+    steps = training_steps(adapter_dir)  # the run's log up to this adapter: a checkpoint before a collapse is fine
+    logged = [
+        row
+        for row in read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
+        if row.get("step", 0) <= (steps or 0)
+    ]
+    if problem := collapse(logged):  # small finite weights pass every weight check: the log shows the damage
+        raise GrpoKitError(
+            f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
+            "earlier checkpoint-N of the run, or train again with a lower --set learning_rate."
+        )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
@@ -615,7 +626,7 @@ def export(
                 "base_model_note": note,
                 "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
                 "run": run or None,
-                "steps": training_steps(adapter_dir),
+                "steps": steps,
                 "evals": evals,
                 "repo": push_to_hub,
                 "prompt": prompt,

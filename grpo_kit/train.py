@@ -31,6 +31,7 @@ class TrainResult:
     reward_last: float | None  # mean reward over the last few logged steps
     history: list[dict] = field(default_factory=list, repr=False)
     already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
+    collapsed: str | None = None  # ``callbacks.collapse``: the log shows a model that no longer answers
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
@@ -41,9 +42,15 @@ class TrainResult:
                 f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
                 "--set max_steps=N with --resume to train on)\n"
             )
+        warning = ""
+        if self.collapsed:
+            warning = (
+                f"\nwarning: the run collapsed: {self.collapsed}. The adapter no longer answers (export refuses it); "
+                "train again with a lower --set learning_rate, or use an earlier checkpoint-N."
+            )
         return (
             head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
-            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warning}"
         )
 
 
@@ -189,7 +196,7 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
 def _result(
     run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False
 ) -> TrainResult:
-    from grpo_kit.callbacks import read_metrics, reward_first_last
+    from grpo_kit.callbacks import collapse, read_metrics, reward_first_last
 
     metrics_path = run_dir / "metrics.jsonl"
     history = read_metrics(metrics_path)
@@ -204,6 +211,7 @@ def _result(
         reward_last=last,
         history=history,
         already_finished=already_finished,
+        collapsed=collapse(history),
     )
 
 
