@@ -47,10 +47,14 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     except BaseException as error:
         with contextlib.suppress(OSError):  # a file where a folder should be: there is no tmp to remove
             tmp.unlink(missing_ok=True)
-        if isinstance(error, OSError):  # a full disk, a file in the way: one line, the old file intact
+        if isinstance(error, (FileExistsError, NotADirectoryError)):  # mkdir or open met a file on the way
             raise GrpoKitError(
-                f"Cannot write {path}: {error.strerror or error} ({error.filename or path}); {path} is as it was "
-                "and the partial file was removed. Free disk space there, or write to another path."
+                f"Cannot write {path}: {error.filename} is a file, not a folder; choose another path."
+            ) from None
+        if isinstance(error, OSError):  # a full disk: one line, the old file intact
+            raise GrpoKitError(
+                f"Cannot write {path}: {error.strerror or error}; {path} is as it was (the partial file was "
+                "removed). Free disk space there, or choose another path."
             ) from None
         raise
     return path
