@@ -252,7 +252,10 @@ def cli_train(args) -> int:
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
         # a finished run that only resumed changed nothing, not even the plot
-        plot = None if result.already_finished else plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
+        try:
+            plot = None if result.already_finished else plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
+        except OSError as error:  # a full disk once the adapter is saved: the run is complete, only the plot is not
+            plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
     return 0
 
