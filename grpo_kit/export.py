@@ -414,7 +414,8 @@ def model_card(info: Mapping[str, Any]) -> str:
         code = [
             "from peft import PeftModel",
             *code,
-            f"base = AutoModelForCausalLM.from_pretrained({json.dumps(info['lora_base'])})",
+            f"base = AutoModelForCausalLM.from_pretrained({json.dumps(info['lora_base'])})"
+            + ("  # a folder on the machine that exported it" if os.path.isabs(info["lora_base"]) else ""),
             f"model = PeftModel.from_pretrained(base, {load['lora']})",
         ]
     if "merged16" in kinds:
