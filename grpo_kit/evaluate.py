@@ -561,6 +561,12 @@ def cli_chat(args) -> int:
             'grpo-kit chat "What is 17 + 25?". For a conversation, call `ask` in a notebook '
             '(notebooks/00_train_grpo_colab.ipynb, "Talk to it").'
         )
+    if args.max_new_tokens < 1:  # transformers would refuse it only once the model has loaded
+        raise GrpoKitError(f"--max-new-tokens must be at least 1 (got {args.max_new_tokens}); 256 is the default.")
+    if args.temperature is not None and not 0 < args.temperature < math.inf:
+        raise GrpoKitError(
+            f"--temperature must be a number above 0, such as 0.7 (got {args.temperature}); leave it out for greedy."
+        )
     set_torch_threads()
     base, settings = run_settings(args.model, args.adapter)
     model, tokenizer = load_inference_model(base, args.adapter)

@@ -31,7 +31,7 @@ from statistics import fmean
 from typing import Any
 
 import torch
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from safetensors import safe_open
 
 from grpo_kit import files, gguf_files, models, runs
@@ -336,15 +336,13 @@ def training_steps(adapter_dir: Path) -> int | None:
 def model_card(info: Mapping[str, Any]) -> str:
     """The export's README.md, from what export.json records: training, evaluation, verification, how to load."""
     run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
-    kinds, base = {r["format"] for r in formats}, info["base_model_hub"] or info["base_model"]
-    where = info["repo"] or f"exports/{info['name']}"
+    kinds, where = {r["format"] for r in formats}, info["repo"] or info["folder"]
+    data = ModelCardData(
+        library_name="peft" if kinds == {"lora"} else "transformers",
+        tags=["grpo", "gsm8k", "grpo-kit"],
+        base_model=info["base_model_hub"],
+    )
     lines = [
-        "---",
-        f"library_name: {'peft' if kinds == {'lora'} else 'transformers'}",
-        "tags: [grpo, gsm8k, grpo-kit]",
-        *([f"base_model: {info['base_model_hub']}"] if info["base_model_hub"] else []),
-        "---",
-        "",
         f"# {info['name']}",
         "",
         f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
@@ -398,13 +396,24 @@ def model_card(info: Mapping[str, Any]) -> str:
         f"{r['mean_abs_diff']:.3g} / {r['mean_abs_diff_base']:.3g} | {r['lora_effect']:.3g} |"
         for r in formats
     ]
-    usage = {
-        "lora": f'`PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained("{base}"), "{where}", subfolder='
-        f'"lora")`',
-        "merged16": f'`AutoModelForCausalLM.from_pretrained("{where}", subfolder="merged16")`',
-        "gguf": f"`llama-cli -m {where}/{next((r['path'] for r in formats if r['format'] == 'gguf'), '')} -cnv`, "
-        f"or `ollama create {info['name']} -f {where}/gguf/Modelfile`",
+    # Runs as written: a Hub repo's subfolders, or the export's folder as the export command was given it; the lora
+    # goes onto the base its adapter_config.json names (a 4-bit run's bnb-4bit model, a folder for the embedded one).
+    load = {
+        sub: f'"{where}", subfolder="{sub}"' if info["repo"] else json.dumps(f"{where}/{sub}")
+        for sub in ("lora", "merged16")
     }
+    code = ["from transformers import AutoModelForCausalLM", ""]
+    if "lora" in kinds:
+        code = [
+            "from peft import PeftModel",
+            *code,
+            f"base = AutoModelForCausalLM.from_pretrained({json.dumps(info['lora_base'])})"
+            + ("  # a folder on the machine that exported it" if os.path.isabs(info["lora_base"]) else ""),
+            f"model = PeftModel.from_pretrained(base, {load['lora']})",
+        ]
+    if "merged16" in kinds:
+        code.append(f"merged = AutoModelForCausalLM.from_pretrained({load['merged16']})")
+    gguf = next((r["path"] for r in formats if r["format"] == "gguf"), "")
     lines += [f"- {r['note']}" for r in formats if r["note"]]
     if info.get("answers"):
         lines += [
@@ -420,7 +429,11 @@ def model_card(info: Mapping[str, Any]) -> str:
             for label, m in info["answers"].items()
         ]
     lines += ["", "## How to load", ""]
-    lines += [f"- {kind}: {usage[kind]}" for kind in FORMATS if kind in kinds]
+    lines += ["```python", *code, "```", ""] if kinds & {"lora", "merged16"} else []
+    if gguf:
+        lines += [
+            f"GGUF: `llama-cli -m {where}/{gguf} -cnv`, or `ollama create {info['name']} -f {where}/gguf/Modelfile`"
+        ]
     lines += ["", "## How to prompt it", ""]
     if prompt := info.get("prompt"):
         lines += [
@@ -439,7 +452,7 @@ def model_card(info: Mapping[str, Any]) -> str:
             "",
         ]
     lines += ["It answers as `<think> reasoning </think><answer> number </answer>`."]
-    return "\n".join(lines) + "\n"
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"))
 
 
 def push_folder(folder: Path, repo: str) -> str:
@@ -527,6 +540,17 @@ def export(
     """
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
+    steps = training_steps(adapter_dir)  # the run's log up to this adapter: a checkpoint before a collapse is fine
+    logged = [
+        row
+        for row in files.read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
+        if row.get("step", 0) <= (steps or 0)
+    ]
+    if problem := runs.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
+        raise GrpoKitError(
+            f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
+            "earlier checkpoint-N of the run, or train again with a lower --set learning_rate."
+        )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
@@ -607,8 +631,10 @@ def export(
                 "base_model": merge_base,
                 "base_model_note": note,
                 "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
+                "lora_base": json.loads((adapter_dir / "adapter_config.json").read_bytes())["base_model_name_or_path"],
+                "folder": str(target),
                 "run": run or None,
-                "steps": training_steps(adapter_dir),
+                "steps": steps,
                 "evals": evals,
                 "repo": push_to_hub,
                 "prompt": prompt,

@@ -24,13 +24,23 @@ from grpo_kit.errors import GrpoKitError
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` (folder made) through a sibling temporary file: a reader never sees half of it."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as error:
+        with contextlib.suppress(OSError):  # a file where a folder should be: there is no tmp to remove
+            tmp.unlink(missing_ok=True)
+        if isinstance(error, (FileExistsError, NotADirectoryError)):  # mkdir or open met a file on the way
+            raise GrpoKitError(
+                f"Cannot write {path}: {error.filename} is a file, not a folder; choose another path."
+            ) from None
+        if isinstance(error, OSError):  # a full disk: one line, the old file intact
+            raise GrpoKitError(
+                f"Cannot write {path}: {error.strerror or error}; {path} is as it was (the partial file was "
+                "removed). Free disk space there, or choose another path."
+            ) from None
         raise
     return path
 
@@ -99,12 +109,13 @@ def check_writable(out_dir: Path, *, what: str, option: str) -> None:
     """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir):
-            pass
+        with tempfile.TemporaryFile(dir=out_dir) as probe:
+            probe.write(b"x")  # a full disk still lets empty files be made
+            probe.flush()
     except OSError as error:
         raise GrpoKitError(
-            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Choose another {option}, "
-            "a folder you can write to."
+            f"Cannot write {what} into {out_dir}: {error.strerror or error}. Nothing was written; free disk space "
+            f"there, or choose another {option}, a folder you can write to."
         ) from None
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -72,6 +73,29 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return next((folder for _, folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
+
+
+def disk_full(error: Exception, run_dir: Path, step: int) -> GrpoKitError | None:
+    """The error to report when training stopped because a file could not be written at ``step`` (a full disk:
+    ``OSError``, or ``torch.save``'s zip writer's ``RuntimeError``), else None. The checkpoint it was writing is
+    incomplete (the Trainer writes ``trainer_state.json`` last) and is removed to give the space back; the complete
+    ones before it are untouched, so ``--resume`` continues from the newest."""
+    if getattr(error, "errno", None) not in (errno.ENOSPC, errno.EDQUOT) and "inline_container" not in str(error):
+        return None
+    partial = run_dir / f"checkpoint-{step}"
+    removed = partial.is_dir() and checkpoint_problem(partial) is not None
+    if removed:
+        shutil.rmtree(partial, ignore_errors=True)
+    last = latest_checkpoint(run_dir)
+    return GrpoKitError(
+        f"Training stopped at step {step}: a file in {run_dir} could not be written "
+        f"({getattr(error, 'strerror', None) or str(error).splitlines()[0][:120]})"
+        + (f"; the partial {partial.name} was removed" if removed else "")
+        + (f". {last.name} is complete and intact" if last else ". No checkpoint was complete yet")
+        + ". Free disk space (checkpoints hold the optimizer state: `du -sh` the run folder), then run the same "
+        + "command with --resume"
+        + (f" to continue from {last.name}." if last else " (it starts again from step 0).")
+    )
 
 
 # --------------------------------------------------------------------------------------------- the run folder
@@ -240,3 +264,28 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
         return None, None
     window = max(1, min(window, len(values) // 2 or 1))
     return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def collapse(history: list[dict]) -> str | None:
+    """What the last logged step shows when the model no longer answers, else None: the reward fell to 0, and every
+    completion was cut at max_completion_length where some used to end, with no gradient left. A learning rate far too
+    high does that while every weight stays finite and small, so ``adapters.adapter_problem`` cannot see it; the
+    run's own log can. (A budget too short for any answer clips every completion from the start: that is no
+    collapse.)
+
+    >>> collapse([{"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625}, {"step": 2, "reward": 0.0,
+    ...     "completions/clipped_ratio": 1.0, "grad_norm": 0.0}])
+    'at step 2 the reward fell from 0.250 to 0, every completion was cut at max_completion_length and grad_norm was 0'
+    """
+    rows = [row for row in history if isinstance(row.get("reward"), (int, float))]
+    if not rows:
+        return None
+    last, best = rows[-1], max(row["reward"] for row in rows)
+    ended = min(row.get("completions/clipped_ratio", 1) for row in rows) < 1  # some completions ended before
+    clipped, still = last.get("completions/clipped_ratio") == 1, last.get("grad_norm") == 0
+    if last["reward"] == 0 < best and ended and clipped and still:
+        return (
+            f"at step {last.get('step')} the reward fell from {best:.3f} to 0, every completion was cut at "
+            "max_completion_length and grad_norm was 0"
+        )
+    return None

@@ -31,6 +31,7 @@ class TrainResult:
     reward_last: float | None  # mean reward over the last few logged steps
     history: list[dict] = field(default_factory=list, repr=False)
     already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
+    collapsed: str | None = None  # ``runs.collapse``: the log shows a model that no longer answers
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
@@ -41,9 +42,15 @@ class TrainResult:
                 f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
                 "--set max_steps=N with --resume to train on)\n"
             )
+        warning = ""
+        if self.collapsed:
+            warning = (
+                f"\nwarning: the run collapsed: {self.collapsed}. The adapter no longer answers (export refuses it); "
+                "train again with a lower --set learning_rate, or use an earlier checkpoint-N."
+            )
         return (
             head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
-            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warning}"
         )
 
 
@@ -148,12 +155,16 @@ def train(
         callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), *callbacks],
     )
     start = time.time()
-    with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    seconds = time.time() - start
-
-    # --- Save: the adapter is written atomically and must be finite before the run counts as done
-    adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
+    try:
+        with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
+            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        seconds = time.time() - start
+        # --- Save: the adapter is written atomically and must be finite before the run counts as done
+        adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
+    except Exception as error:  # a full disk: one line, what is intact and how to go on
+        if full := runs.disk_full(error, run_dir, trainer.state.global_step):
+            raise full from None
+        raise
     if is_main:
         check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
     return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
@@ -188,6 +199,7 @@ def _result(
         reward_last=last,
         history=history,
         already_finished=already_finished,
+        collapsed=runs.collapse(history),
     )
 
 
@@ -228,7 +240,10 @@ def cli_train(args) -> int:
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
         # a finished run that only resumed changed nothing, not even the plot
-        plot = None if result.already_finished else plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
+        try:
+            plot = None if result.already_finished else plot_metrics(result.metrics_path)  # <run>/plots/rewards.png
+        except OSError as error:  # a full disk once the adapter is saved: the run is complete, only the plot is not
+            plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
     return 0
 

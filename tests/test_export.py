@@ -207,7 +207,7 @@ def test_model_card_has_the_eval_numbers_the_run_saved(run_dir, tmp_path):
     assert "| before | 50 | 1.2 % | 3.4 % | 0.0 % | 61.0 |" in card
     assert "| after | 50 | 18.7 % | 24.3 % | 96.0 % | 44.0 |" in card
     assert "Protocol: bundled sample, strict/lenient" in card
-    assert "PeftModel.from_pretrained" in card and 'subfolder="lora"' in card
+    assert f'model = PeftModel.from_pretrained(base, "{tmp_path}/card/lora")' in card
 
 
 @pytest.mark.slow
@@ -297,3 +297,38 @@ def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path
     result = ExportResult("lora", tmp_path / "x" / "lora", "PEFT adapter", 0.0, 5e-4, 0.0, 2.5)
     assert json.loads(json.dumps(result.to_dict(relative_to=tmp_path / "x")))["path"] == "lora"
     assert result.to_dict()["path"] == str(tmp_path / "x" / "lora") and result.to_dict()["format"] == "lora"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("trained_on", "formats"), [
+    ("tiny", ("lora", "merged16")),
+    ("embedded:smollm2-135m", ("lora",)),
+    ("embedded:smollm2-135m-bnb-4bit", ("lora", "merged16")),  # the lora on its NF4 base, merged16 from the 16-bit
+])  # fmt: skip
+def test_the_model_cards_loading_code_runs_as_written(trained_on, formats, tiny_model_dir, make_adapter, tmp_path,
+                                                      monkeypatch):  # fmt: skip
+    """Issue 37: the card named ``embedded:...`` (transformers cannot load it), and a 4-bit run's 16-bit original
+    while its adapter_config.json named the bnb-4bit base. The card's code is run as a user would paste it."""
+    from peft import PeftModel
+
+    from grpo_kit.models import resolve_model_id
+
+    if "4bit" in trained_on:
+        pytest.importorskip("bitsandbytes", reason="the cpu extra installs bitsandbytes")
+    base_dir = tiny_model_dir if trained_on == "tiny" else resolve_model_id(trained_on)
+    monkeypatch.chdir(tmp_path)
+    make_adapter(base_dir, tmp_path / "run" / "adapter")
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(
+        tiny_model_dir if trained_on == "tiny" else trained_on)}}))  # fmt: skip
+    export(tmp_path / "run" / "adapter", formats, name="card")  # out_dir: exports/, as the CLI's default
+
+    card = (tmp_path / "exports" / "card" / "README.md").read_text()
+    code = card.split("## How to load\n\n```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - the card's own code, run as written
+    recorded = json.loads((tmp_path / "exports" / "card" / "lora" / "adapter_config.json").read_text())
+    assert namespace["base"].name_or_path == recorded["base_model_name_or_path"] == str(base_dir)  # one base
+    assert isinstance(namespace["model"], PeftModel)
+    assert getattr(namespace["base"], "is_loaded_in_4bit", False) is ("4bit" in trained_on)
+    if "merged16" in formats:
+        assert namespace["merged"].config.architectures and not hasattr(namespace["merged"].config, "quantization_config")

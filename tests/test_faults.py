@@ -19,6 +19,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,12 +27,13 @@ from pathlib import Path
 import pytest
 
 from grpo_kit.cli import main
+from grpo_kit.runs import PID_NAME
 
 MAX_ERROR_LINES = 15
 GOOD = {"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}
 TINY = ["--preset", "cpu", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set",
         "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
-PRELOAD_AREAS = {"data", "settings", "resume"}  # refused before any weights load
+PRELOAD_AREAS = {"data", "settings", "resume", "chat"}  # refused before any weights load
 
 
 @dataclass(frozen=True)
@@ -278,6 +280,48 @@ def _hub_unreachable(tmp, env):
     env["monkeypatch"].setattr(datasets, "load_dataset", unreachable)
 
 
+def _no_space(target, name: str, *, when):
+    """``target.<name>`` raises what a full disk raises when ``when(args, kwargs)`` holds: no root needed."""
+    import errno
+
+    def make(tmp, env):
+        real = getattr(target, name)
+
+        def full(*args, **kwargs):
+            if when(args, kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(*args, **kwargs)
+
+        env["monkeypatch"].setattr(target, name, full)
+
+    return make
+
+
+def _checkpoint_save_fails(tmp, env):
+    """torch.save fails as it does on a full disk: its zip writer's RuntimeError, not an OSError."""
+    import torch
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1536 vs 1474")
+
+    env["monkeypatch"].setattr(torch, "save", full)
+
+
+def _collapsed_run(tmp, env):
+    """An adapter whose run logged a collapse (issue 37: learning_rate=0.9), its weights small and finite."""
+    _adapter()(tmp, env)
+    rows = [{"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625, "grad_norm": 0.46},
+            {"step": 2, "reward": 0.0, "completions/clipped_ratio": 1.0, "grad_norm": 0.0}]
+    (tmp / "run" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _killed_lock_holder(tmp, env):
+    """A finished run whose lock holder was SIGKILLed (a Colab disconnect): its PID file stays behind."""
+    _run_with(steps=2, adapter=True)(tmp, env)
+    env["hold_lock"](tmp / "run")
+    env["hold_lock"].kill()
+
+
 def _chain(*setups):
     def make(tmp, env):
         for setup in setups:
@@ -345,6 +389,13 @@ CASES = [
     Case("eval-bad-row-no-eval-lenient", "data", ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
          ("row 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
     Case("eval-limit-zero", "data", ("eval", "--data", "sample", "--limit", "0"), ("limit must be a positive",)),
+    Case("100k-rows-bad-last", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("row 100000", "not a number"),
+         _jsonl("d.jsonl", *[GOOD] * 99_999, {"question": "q", "answer": "#### many"})),
+    Case("question-17k-tokens", "prompts", (*TRAIN, "--data", "{tmp}/d.jsonl"),
+         ("All 1 prompts are longer than the prompt budget of 512 tokens", "--set max_prompt_length="),
+         _jsonl("d.jsonl", {"question": "How many apples? " * 4_000, "answer": "#### 7"})),
+    Case("parquet-boolean-answers", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("boolean",),
+         _parquet("d.parquet", {"question": ["q1", "q2"], "answer": [True, False]})),
     # settings
     Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"),
          ("'tiny-gpu'", "Shipped:", "--recipe")),
@@ -402,6 +453,14 @@ CASES = [
          ("epsilon: invalid float value: 'wide'",)),
     Case("vllm-share-above-one", "settings", (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
          ("vllm_gpu_memory_utilization",)),
+    Case("num-generations-zero", "settings", (*TRAIN, "--data", "sample", "--set", "num_generations=0"),
+         ("num_generations=0 cannot be meant", "must be positive")),
+    Case("batch-size-zero", "settings", (*TRAIN, "--data", "sample", "--set", "per_device_train_batch_size=0"),
+         ("per_device_train_batch_size=0 cannot be meant", "must be positive")),
+    Case("accumulation-zero", "settings", (*TRAIN, "--data", "sample", "--set", "gradient_accumulation_steps=0"),
+         ("gradient_accumulation_steps=0 cannot be meant", "must be positive")),
+    Case("reward-builtins-len", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=builtins:len", "--set",
+         "reward_weights=[1]"), ("builtins.len", "builtins and classes cannot be rewards")),
     Case("zero-variance-alone", "settings", (*TRAIN, "--data", "sample", "--zero-variance", "drop"),
          ("--curriculum scores.jsonl",)),
     # resume and run folders
@@ -427,6 +486,15 @@ CASES = [
          _file("run", b"a file, not a folder")),
     Case("output-read-only", "resume", ("train", *TINY, "--data", "sample", "--output", "{tmp}/ro/run"),
          ("Cannot write the run into", "Permission denied"), _read_only("ro")),
+    Case("killed-lock-holder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
+         _killed_lock_holder, code=0),
+    Case("run-folder-disk-full", "resume", (*TRAIN, "--data", "sample"),
+         ("Cannot write the run into {tmp}/run", "No space left", "free disk space"),
+         _no_space(tempfile, "TemporaryFile", when=lambda args, kwargs: "run" in Path(kwargs.get("dir", "")).parts)),
+    # a full disk while training
+    Case("checkpoint-disk-full", "disk", (*TRAIN, "--data", "sample", "--set", "max_steps=1", "--set", "save_steps=1"),
+         ("Training stopped at step 1", "No checkpoint was complete yet", "Free disk space", "--resume"),
+         _checkpoint_save_fails),
     # export
     Case("export-not-an-adapter", "export", ("export", "--adapter", "{tmp}"), ("not a LoRA adapter folder",)),
     Case("export-run-folder", "export", ("export", "--adapter", "{tmp}/run"), ("not a LoRA adapter folder",
@@ -442,6 +510,8 @@ CASES = [
     Case("export-disk-full", "export", EXPORT, ("No space left", "nothing was changed"), _disk_full),
     Case("export-read-only-out-dir", "export", (*EXPORT[:-1], "{tmp}/ro"), ("Cannot write exports", "Permission denied"),
          _read_only("ro", _adapter())),
+    Case("export-collapsed-run", "export", EXPORT, ("its run collapsed", "earlier checkpoint-N", "learning_rate"),
+         _collapsed_run),
     Case("export-upload-fails", "export", (*EXPORT, "--push-to-hub", "me/model"),
          ("Upload", "failed", "complete and verified on disk"), _upload_fails),
     Case("export-push-without-token", "export", (*EXPORT, "--push-to-hub", "me/model"), ("No Hugging Face token",
@@ -449,7 +519,20 @@ CASES = [
     # eval
     Case("eval-missing-adapter", "eval", EVAL, ("not a LoRA adapter folder",)),
     Case("eval-batch-size-zero", "eval", ("eval", "--data", "sample", "--batch-size", "0"), ("--batch-size", "got 0")),
-    Case("chat-empty-question", "eval", ("chat", " "), ("The question is empty",)),
+    Case("chat-empty-question", "chat", ("chat", " "), ("The question is empty",)),
+    Case("chat-max-new-tokens-zero", "chat", ("chat", "--max-new-tokens", "0", "What is 2+2?"),
+         ("--max-new-tokens must be at least 1 (got 0)",)),
+    Case("chat-max-new-tokens-negative", "chat", ("chat", "--max-new-tokens", "-5", "What is 2+2?"),
+         ("--max-new-tokens must be at least 1 (got -5)",)),
+    Case("chat-temperature-negative", "chat", ("chat", "--temperature", "-1", "What is 2+2?"),
+         ("--temperature must be a number above 0", "got -1.0", "greedy")),
+    Case("chat-temperature-nan", "chat", ("chat", "--temperature", "nan", "What is 2+2?"),
+         ("--temperature must be a number above 0", "got nan")),
+    Case("eval-out-disk-full", "eval", (*EVAL, "--out", "{tmp}/out/e.json"),
+         ("Cannot write {tmp}/out/e.jsonl", "No space left", "Free disk space"),
+         _chain(_adapter(), _no_space(Path, "write_text", when=lambda args, kwargs: "out" in args[0].parts))),
+    Case("eval-out-under-a-file", "eval", (*EVAL, "--out", "{tmp}/afile/e.json"),
+         ("{tmp}/afile is a file, not a folder", "another path"), _chain(_adapter(), _file("afile", b"kept"))),
     Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
     Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
@@ -484,14 +567,20 @@ def hold_lock():
         started.append(subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True))
         assert started[-1].stdout.readline() == "locked\n"
 
+    def kill():
+        for process in started:
+            process.kill()
+            process.wait()
+
+    hold.kill = kill
     yield hold
-    for process in started:
-        process.kill()
-        process.wait()
+    kill()
 
 
 def _snapshot(folder: Path) -> dict:
-    return {p: p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and os.access(p, os.R_OK)}
+    """Every readable file but the lock's PID file: the kit's own, rewritten by whoever takes the lock next."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and os.access(p, os.R_OK) and p.name != PID_NAME)
+    return {p: p.read_bytes() for p in files}
 
 
 def _fill(argv, tmp, tiny) -> list[str]:

@@ -90,7 +90,7 @@ def test_atomic_write_text_keeps_the_old_file_when_writing_fails(tmp_path, monke
     path = tmp_path / "scores.jsonl"
     atomic_write_text(path, "old\n")
     monkeypatch.setattr(runs.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "No space left")))
-    with pytest.raises(OSError):
+    with pytest.raises(runs.GrpoKitError, match=r"scores.jsonl: No space left; .*scores.jsonl is as it was"):
         atomic_write_text(path, "new\n")
     assert [p.name for p in tmp_path.iterdir()] == ["scores.jsonl"] and path.read_text() == "old\n"
 

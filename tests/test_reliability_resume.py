@@ -177,3 +177,32 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_releases_the_lock(tiny_model_dir, t
     assert "grpo-kit: stopped by SIGTERM" in err and "Traceback" not in err
     with FileLock(run_dir / LOCK_NAME, blocking=False):  # released (and by the OS had the process been killed)
         assert latest_checkpoint(run_dir) is not None
+
+
+@pytest.mark.slow
+def test_a_full_disk_at_a_checkpoint_keeps_the_one_before_for_resume(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """The disk fills while checkpoint-2 is written (torch.save's zip writer raises, as it does on a full disk): one
+    line naming what is intact and what to free, the partial checkpoint removed, and --resume continues from 1."""
+    import torch
+
+    run_dir, real_save = tmp_path / "run", torch.save
+
+    def full_at_step_2(obj, path, *args, **kwargs):
+        if "checkpoint-2" in str(path):
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1536 vs 1474")
+        return real_save(obj, path, *args, **kwargs)
+
+    argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", "max_steps=3",
+            "--output", str(run_dir)]  # fmt: skip
+    monkeypatch.setattr(torch, "save", full_at_step_2)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if "grpo-kit: error: " in line]
+    assert "Traceback" not in err and line.endswith("--resume to continue from checkpoint-1."), err
+    assert "step 2" in line and "checkpoint-1 is complete" in line and "Free disk space" in line
+    assert not (run_dir / "checkpoint-2").exists() and latest_checkpoint(run_dir).name == "checkpoint-1"
+
+    monkeypatch.setattr(torch, "save", real_save)  # space freed
+    assert main([*argv, "--resume"]) == 0 and "steps: 3" in capsys.readouterr().out
+    assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
+    assert latest_checkpoint(run_dir).name == "checkpoint-3"

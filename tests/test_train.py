@@ -62,6 +62,28 @@ def test_reward_first_last_uses_windows():
     assert reward_first_last([]) == (None, None)
 
 
+#: The log of ``train --preset cpu --data sample --set max_steps=2 --set learning_rate=0.9`` (issue 37): step 2 gave
+#: only cut-off garbage while every weight stayed small.
+COLLAPSED = [
+    {"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625, "grad_norm": 0.4563, "loss": 0.0803},
+    {"step": 2, "reward": 0.0, "completions/clipped_ratio": 1.0, "grad_norm": 0.0, "loss": 0.0},
+]
+
+
+@pytest.mark.parametrize(
+    ("first_clipped", "warned"),
+    [(0.625, True), (1.0, False)],  # 1.0: a budget too short for any answer from the first step, no collapse
+)
+def test_a_run_whose_log_shows_a_collapse_ends_with_a_warning(tmp_path, first_clipped, warned):
+    from grpo_kit.train import _result
+
+    rows = [{**COLLAPSED[0], "completions/clipped_ratio": first_clipped}, COLLAPSED[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    summary = _result(tmp_path, tmp_path / "adapter", 2, 1.0).summary()
+    assert ("warning: the run collapsed: at step 2 the reward fell from 0.250 to 0" in summary) is warned
+    assert ("lower --set learning_rate" in summary) is warned
+
+
 def test_existing_run_folder_is_not_overwritten(tmp_path):
     (tmp_path / "keep.txt").write_text("user data")
     with pytest.raises(GrpoKitError, match="--resume"):
