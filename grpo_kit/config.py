@@ -264,7 +264,7 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 #: Values TRL accepts without complaint that cannot be meant: field -> (test, what the value must be).
-SANE = {
+MEANT_VALUES = {
     "learning_rate": (
         lambda v: 0 < v < 1,
         "above 0 and below 1 (LoRA GRPO: 5e-6 on the GPU tiers, 5e-4 on the tiny "
@@ -307,13 +307,15 @@ def _check(recipe: Recipe) -> None:
     """The kit's own rules: its fields, and values that parse but cannot be meant."""
     from grpo_kit.rewards import REWARDS
 
-    g, k, name = recipe.grpo, recipe.kit, recipe.name
+    config, kit, name = recipe.grpo, recipe.kit, recipe.name
     if unused := [key for key in recipe.values if hasattr(recipe.model, key) and key not in LOADER_FIELDS]:
         raise GrpoKitError(
             f"Recipe {name}: {', '.join(unused)} would be ignored: models load through "
             f"FastLanguageModel, which takes {', '.join(LOADER_FIELDS)}. Remove it."
         )
-    parsed = {key: getattr(part, key) for part in (g, recipe.model, k) for key in recipe.values if hasattr(part, key)}
+    parsed = {
+        key: getattr(part, key) for part in (config, recipe.model, kit) for key in recipe.values if hasattr(part, key)
+    }
     bad = [
         (key, item)
         for key, v in parsed.items()
@@ -322,13 +324,13 @@ def _check(recipe: Recipe) -> None:
     ]
     if bad:  # argparse reads "inf" and "nan" as floats; TRL would train with them
         raise GrpoKitError(f"Recipe {name}: {bad[0][0]} is {bad[0][1]}; every number must be finite.")
-    for key, (ok, wanted) in SANE.items():  # values TRL accepts that no run can mean
+    for key, (ok, wanted) in MEANT_VALUES.items():  # values TRL accepts that no run can mean
         if key in parsed and not ok(parsed[key]):
             raise GrpoKitError(f"Recipe {name}: {key}={parsed[key]!r} cannot be meant; it must be {wanted}.")
-    if g.reward_weights is not None and len(g.reward_weights) != len(k.reward_funcs):
+    if config.reward_weights is not None and len(config.reward_weights) != len(kit.reward_funcs):
         raise GrpoKitError(
-            f"Recipe {name}: {len(k.reward_funcs)} reward_funcs ({', '.join(k.reward_funcs)}) but "
-            f"{len(g.reward_weights)} reward_weights; give one weight per reward."
+            f"Recipe {name}: {len(kit.reward_funcs)} reward_funcs ({', '.join(kit.reward_funcs)}) but "
+            f"{len(config.reward_weights)} reward_weights; give one weight per reward."
         )
     if not any(weight for _, weight in recipe.rewards):
         raise GrpoKitError(
@@ -336,24 +338,24 @@ def _check(recipe: Recipe) -> None:
             "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
             "[1.0, ...]."
         )
-    unknown = [r for r in k.reward_funcs if ":" not in r and r not in REWARDS]
+    unknown = [r for r in kit.reward_funcs if ":" not in r and r not in REWARDS]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
         raise GrpoKitError(
             f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
             "or write package.module:function."
         )
-    if k.max_prompt_length + g.max_completion_length > k.max_seq_length:
+    if kit.max_prompt_length + config.max_completion_length > kit.max_seq_length:
         raise GrpoKitError(
-            f"Recipe {name}: max_prompt_length ({k.max_prompt_length}) + max_completion_length "
-            f"({g.max_completion_length}) exceeds max_seq_length ({k.max_seq_length}). Raise "
+            f"Recipe {name}: max_prompt_length ({kit.max_prompt_length}) + max_completion_length "
+            f"({config.max_completion_length}) exceeds max_seq_length ({kit.max_seq_length}). Raise "
             "max_seq_length or shorten the prompt/completion budget."
         )
-    if min(k.max_prompt_length, g.max_completion_length, recipe.model.lora_r, g.max_steps) < 1:
+    if min(kit.max_prompt_length, config.max_completion_length, recipe.model.lora_r, config.max_steps) < 1:
         raise GrpoKitError(
             f"Recipe {name}: max_prompt_length, max_completion_length, lora_r and max_steps must be "
             "positive (max_steps -1 means epochs in TRL; the kit counts steps)."
         )
-    if g.use_vllm and g.vllm_mode == "server" and recipe.model.load_in_4bit:  # TRL would send the server each
+    if config.use_vllm and config.vllm_mode == "server" and recipe.model.load_in_4bit:  # TRL would send the server each
         # param.data with LoRA merged in: for a bitsandbytes 4-bit layer, packed bytes without their quantization state
         raise GrpoKitError(
             f"Recipe {name}: vllm_mode='server' cannot train 4-bit weights (load_in_4bit): the server "

@@ -241,7 +241,7 @@ def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir,
     """lr 1e30 without clipping: step 1 blows the weights up, step 2's generation then samples from NaN."""
     from grpo_kit import config
 
-    monkeypatch.delitem(config.SANE, "learning_rate")  # the recipe check refuses such a rate: here it must get through
+    monkeypatch.delitem(config.MEANT_VALUES, "learning_rate")  # the recipe check refuses such a rate: here it must get through
     run_dir = tmp_path / "run"
     recipe = _tiny(tiny_model_dir, varied_reward, learning_rate=1e30, max_grad_norm=0.0)
     with pytest.raises(NumericsError) as info:
