@@ -19,15 +19,20 @@ def _defines_something(source: str) -> bool:
     return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in ast.parse(source).body)
 
 
-@pytest.fixture(scope="module")
-def nb():
-    """The functions of notebook 02, from the cells that define them, run in order in one namespace."""
+def notebook_namespace(every_cell: bool = False) -> types.ModuleType:
+    """Notebook 02's code cells, run in order in one namespace: those that define functions, or ``every_cell``."""
     matplotlib.use("Agg")  # the cells draw their pictures; nothing is shown
     namespace = types.ModuleType("notebook_02")
     cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    for source in filter(_defines_something, cells):
+    for source in cells if every_cell else filter(_defines_something, cells):
         exec(compile(source, str(NOTEBOOK), "exec"), namespace.__dict__)
     return namespace
+
+
+@pytest.fixture(scope="module")
+def nb():
+    """The functions of notebook 02, from the cells that define them."""
+    return notebook_namespace()
 
 
 def test_group_advantages_by_hand(nb):
