@@ -1,5 +1,6 @@
 """Notebook 02's toy GRPO code, tested as the learner reads it: the notebook's code cells that define functions are
-executed, then their functions are checked by hand and against TRL's own ``GRPOTrainer._compute_loss``."""
+executed, then their functions are checked by hand and against TRL's own ``GRPOTrainer._compute_loss`` and advantage
+lines; the notebook is saved with its outputs, which must be those of a fresh run."""
 
 from __future__ import annotations
 
