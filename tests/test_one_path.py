@@ -56,7 +56,9 @@ def same_trainer(a, b) -> None:
     assert args_a == args_b
     assert a.reward_func_names == b.reward_func_names
     assert a.reward_weights.tolist() == b.reward_weights.tolist()
-    assert [type(c).__name__ for c in a.callback_handler.callbacks] == [type(c).__name__ for c in b.callback_handler.callbacks]
+    assert [type(c).__name__ for c in a.callback_handler.callbacks] == [
+        type(c).__name__ for c in b.callback_handler.callbacks
+    ]
     assert len(a.train_dataset) == len(b.train_dataset) and a.train_dataset[0]["prompt"] == b.train_dataset[0]["prompt"]
 
 
@@ -67,8 +69,21 @@ def test_notebook_00_builds_the_trainer_grpo_kit_train_builds(built, tmp_path):
     weights = json.dumps([weight for _, weight in notebook.recipe.rewards])
     assert rewards.endswith("nb00:shows_calculation")  # the cell's own reward, recorded by its import path
     with pytest.raises(Built):
-        main(["train", "--recipe", SMOKE, "--data", "sample", "--output", str(tmp_path / "cli"),
-              "--set", f"reward_funcs={rewards}", "--set", f"reward_weights={weights}"])
+        main(
+            [
+                "train",
+                "--recipe",
+                SMOKE,
+                "--data",
+                "sample",
+                "--output",
+                str(tmp_path / "cli"),
+                "--set",
+                f"reward_funcs={rewards}",
+                "--set",
+                f"reward_weights={weights}",
+            ]
+        )
     same_trainer(built[0], built[1])
     assert built[0].reward_func_names[-1] == "shows_calculation"
 
@@ -86,7 +101,10 @@ def test_notebook_03_trains_through_the_same_calls(built, tmp_path):
 
 def notebook_00(*cell_ids: str, **variables) -> dict:
     """Run the named code cells of notebook 00, in order, in one namespace that starts with ``variables``."""
-    cells = {c["id"]: "".join(c["source"]) for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]}
+    cells = {
+        c["id"]: "".join(c["source"])
+        for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]
+    }
     namespace = dict(variables)
     for cell_id in cell_ids:
         exec(compile(cells[cell_id], f"notebook 00, cell {cell_id}", "exec"), namespace)
@@ -142,8 +160,14 @@ def test_notebook_00s_prompts_are_the_ones_grpo_kit_train_builds(recipe, budget)
     kit = load_recipe(recipe, max_prompt_length=budget).kit
     tokenizer = load_tokenizer(resolve_model_id("embedded:smollm2-135m"))
     notebook = notebook_00("c10", kit=kit, tokenizer=tokenizer, DATA="sample")
-    expected, too_long = format_for_grpo(load_gsm8k("sample"), tokenizer, few_shot=kit.few_shot, prefill=kit.prefill,
-                                         max_prompt_tokens=kit.max_prompt_length, system_prompt=kit.system_prompt)
+    expected, too_long = format_for_grpo(
+        load_gsm8k("sample"),
+        tokenizer,
+        few_shot=kit.few_shot,
+        prefill=kit.prefill,
+        max_prompt_tokens=kit.max_prompt_length,
+        system_prompt=kit.system_prompt,
+    )
     assert notebook["train_set"]["prompt"] == expected["prompt"]
     assert notebook["train_set"]["prefill"] == expected["prefill"]
     assert 0 < too_long < len(load_gsm8k("sample"))
@@ -157,3 +181,44 @@ def test_notebook_00_names_the_choices_when_the_tier_or_model_is_not_one_of_them
     for wrong in ({"TIER": "t4"}, {"TIER": "t4-16gb", "MODEL": "llama"}):
         with pytest.raises(ValueError, match=r"choose TIER from \['t4-16gb', .*MODEL from \['Llama-3.1-8B'"):
             notebook_00("c06", **{**settings, "CPU_RUN": {}, **wrong})
+
+
+# ------------------------------------------------------------------------------------------------ notebook 00's group
+
+
+def group_table(out: str) -> tuple[list[tuple[float, float]], float]:
+    """(reward, advantage) per answer, and frac_reward_zero_std, from what notebook 00's show_group printed."""
+    lines = out[out.index(" reward  advantage  answer") :].splitlines()
+    rows = []
+    for line in lines[1:]:
+        if line.startswith("frac_reward_zero_std"):
+            return rows, float(line.split()[1])
+        numbers = line[: min(i for i in (line.find(" '"), line.find(' "')) if i >= 0)].split()
+        rows.append((float(numbers[-2]), float(numbers[-1])))
+    raise AssertionError(f"no frac_reward_zero_std line in {out!r}")
+
+
+@pytest.mark.slow
+def test_notebook_00_shows_one_group_with_its_rewards_and_advantages(monkeypatch, tmp_path, capsys):
+    """G answers, their rewards and TRL's group-relative advantages: they sum to 0, follow the rewards' order, and
+    are all 0 exactly when every reward is equal, which the frac_reward_zero_std line then says."""
+    import grpo_kit.colab
+
+    monkeypatch.setenv("GRPO_KIT_RECIPE", SMOKE)
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    kernel = types.ModuleType("nb00_group")  # the cells' rewards are importable, as from __main__
+    monkeypatch.setitem(sys.modules, kernel.__name__, kernel)
+    cells = {
+        c["id"]: "".join(c["source"])
+        for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]
+    }
+    namespace = vars(kernel)
+    for cell_id in ("c04", "c04b", "c06", "c08", "c10", "c12a", "c12", "c14h"):  # settings to rewards, then the group
+        exec(compile(cells[cell_id], f"notebook 00, cell {cell_id}", "exec"), namespace)
+    rows, zero_std = group_table(capsys.readouterr().out)
+    assert len(rows) == namespace["config"].num_generations == 8
+    rewards, advantages = zip(*rows, strict=True)
+    assert sum(advantages) == pytest.approx(0.0, abs=0.05)
+    assert all((r1 - r2) * (a1 - a2) >= 0 for r1, a1 in rows for r2, a2 in rows)  # a higher reward, a higher advantage
+    assert zero_std == float(len(set(rewards)) == 1)
+    assert zero_std == 0.0 or set(advantages) == {0.0}

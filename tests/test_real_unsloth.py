@@ -23,7 +23,10 @@ import types
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import TrainerCallback
+from trl import GRPOConfig as TRL_GRPO_CONFIG  # taken at collection, before a test lets Unsloth replace them
+from trl import GRPOTrainer as TRL_GRPO_TRAINER
 
 from grpo_kit import models
 from grpo_kit.config import load_recipe
@@ -34,8 +37,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: The t4-16gb recipe made small enough for a CPU: the tiny model in float32, one question of G=4 answers of 8 tokens.
 #: Everything else (loss, clipping, rewards, scheduler, optimizer, saving) is the T4's.
-T4_ON_A_CPU = dict(load_in_4bit=False, fp16=False, use_cpu=True, max_completion_length=8,
-                   max_steps=1, use_vllm=False, log_completions=False, save_steps=1)
+T4_ON_A_CPU = dict(
+    load_in_4bit=False,
+    fp16=False,
+    use_cpu=True,
+    max_completion_length=8,
+    max_steps=1,
+    use_vllm=False,
+    log_completions=False,
+    save_steps=1,
+)
 
 
 def pinned(name: str) -> str:
@@ -86,6 +97,78 @@ class KeepArgs(TrainerCallback):
         self.args = args
 
 
+def test_unsloths_grpo_loss_gives_trls_value_on_notebook_02s_t4_batch(monkeypatch):
+    """Notebook 02's T4 batch (dapo, beta 0, epsilon_high 0.28, the vLLM factor, 4 accumulation steps) through the
+    loss Unsloth's trainer computes on a GPU: unsloth_zoo's grpo_compute_loss, called once per micro-batch with the
+    arguments its trainer passes, against TRL's own GRPOTrainer._compute_loss (the notebook's trl_loss).
+
+    bnpo is where they differ: Unsloth divides it, like dapo, by the whole generation batch's token count; TRL 1.15
+    by each micro-batch's token count and the accumulation steps. No recipe uses bnpo."""
+    import trl
+    from test_teaching import notebook_namespace
+    from unsloth_zoo.rl_replacements import grpo_compute_loss
+
+    assert TRL_GRPO_TRAINER._compute_loss.__module__ == "trl.trainer.grpo_trainer"
+    # The notebook runs on TRL's own classes, as in a process without Unsloth, whichever test patched them first;
+    # its load_recipe must not patch them either (prepare_backend would, for every later test).
+    monkeypatch.setattr(trl, "GRPOTrainer", TRL_GRPO_TRAINER)
+    monkeypatch.setattr(trl, "GRPOConfig", TRL_GRPO_CONFIG)
+    monkeypatch.setattr(models, "prepare_backend", lambda backend: "transformers")
+    nb = notebook_namespace(every_cell=True)
+    t4, steps = nb.t4, nb.t4.gradient_accumulation_steps
+    assert (t4.loss_type, t4.beta, t4.epsilon_high, steps) == ("dapo", 0.0, 0.28, 4)
+
+    def unsloth_loss(loss_type):
+        total = 0.0
+        for rows in torch.arange(nb.logps.size(0)).tensor_split(steps):  # one micro-batch's rows
+            mask = nb.mask[rows]
+            loss, *_ = grpo_compute_loss(
+                None,
+                nb.logps[rows],
+                nb.old_logps[rows],
+                nb.vllm_logps[rows],
+                torch.zeros_like(mask).long(),
+                mask,
+                t4.beta,
+                nb.t4_adv[rows],
+                loss_type=loss_type,
+                epsilon_low=t4.epsilon,
+                epsilon_high=t4.epsilon_high,
+                max_completion_length=nb.t4_args["max_completion_length"],
+                delta=t4.delta,
+                importance_sampling_level=t4.importance_sampling_level,
+                num_items_in_batch=nb.mask.sum(),
+                current_gradient_accumulation_steps=steps,
+                steps_per_generation=t4.steps_per_generation,
+                num_processes=1,
+                use_vllm=t4.use_vllm,
+                vllm_importance_sampling_correction=t4.vllm_importance_sampling_correction,
+                vllm_importance_sampling_mode=t4.vllm_importance_sampling_mode,
+                vllm_importance_sampling_clip_min=t4.vllm_importance_sampling_clip_min,
+                vllm_importance_sampling_clip_max=t4.vllm_importance_sampling_clip_max,
+                use_bias_correction_kl=t4.use_bias_correction_kl,
+            )
+            total += loss.item()
+        return total
+
+    def trls(loss_type):
+        return nb.trl_loss(
+            nb.logps,
+            nb.old_logps,
+            nb.t4_adv,
+            nb.mask,
+            loss_type,
+            is_ratio=nb.t4_ratio,
+            gradient_accumulation_steps=steps,
+            **nb.t4_args,
+        )
+
+    for loss_type in ("dapo", "grpo", "dr_grpo"):
+        assert unsloth_loss(loss_type) == pytest.approx(trls(loss_type), abs=1e-6), loss_type
+    assert unsloth_loss("bnpo") == pytest.approx(trls("dapo"), abs=1e-6)
+    assert abs(unsloth_loss("bnpo") - trls("bnpo")) > 0.5  # measured: -1.564376 against TRL's -0.666948
+
+
 def test_the_pinned_unsloth_is_imported_and_its_trainer_replaces_trls():
     import trl
     import unsloth
@@ -128,8 +211,9 @@ def test_train_runs_the_t4_recipe_through_unsloths_trainer_and_resumes(unsloth_l
     assert json.loads((tmp_path / "run" / "run.json").read_text())["resumed_from_step"] == 1
 
 
-def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(unsloth_loader, tiny_model_dir, tmp_path,
-                                                                     monkeypatch, capsys):
+def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(
+    unsloth_loader, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """Colab with a CUDA 12 torch: the installer leaves vLLM out. The T4 recipe asks for it; the run trains without
     it through Unsloth's trainer (which turns use_vllm on for any model carrying a ``vllm_engine`` attribute), and
     resumes so."""
@@ -144,13 +228,15 @@ def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(unsloth_load
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("vLLM off:")]
     assert "cannot be imported" in line and "restart the runtime" in line
 
-    resumed = train(recipe.replace(max_steps=2), data="sample", output_dir=tmp_path / "run", resume=True,
-                    callbacks=(keep,))  # after a disconnect, on the same runtime: from its checkpoint, without vLLM
+    resumed = train(
+        recipe.replace(max_steps=2), data="sample", output_dir=tmp_path / "run", resume=True, callbacks=(keep,)
+    )  # after a disconnect, on the same runtime: from its checkpoint, without vLLM
     assert resumed.steps == 2 and keep.args.use_vllm is False
 
 
 def test_notebook_00_trains_its_t4_values_with_unsloths_trainer_and_says_what_unsloth_changed(
-        unsloth_loader, tiny_model_dir, tmp_path, monkeypatch, capsys):
+    unsloth_loader, tiny_model_dir, tmp_path, monkeypatch, capsys
+):
     """Notebook 00's values, model, data, reward, trainer and train cells with the T4 run (scaled to a CPU): the
     trainer is Unsloth's, one step trains, and the trainer cell names each value Unsloth's trainer changed. It does
     change one here: the recipe trains in float32 (fp16 and bf16 off) and the stand-in loader does not mark the model
@@ -173,8 +259,11 @@ def test_notebook_00_trains_its_t4_values_with_unsloths_trainer_and_says_what_un
     trainer, recipe = namespace["trainer"], namespace["recipe"]
     assert isinstance(trainer, trl.GRPOTrainer) and type(trainer).__name__ == "UnslothGRPOTrainer"
     assert trainer.state.global_step == 1 and trainer.args.use_vllm is False
-    changed = {key for key, value in recipe.values.items() if hasattr(trainer.args, key)
-               and getattr(trainer.args, key) != value}
+    changed = {
+        key
+        for key, value in recipe.values.items()
+        if hasattr(trainer.args, key) and getattr(trainer.args, key) != value
+    }
     (line,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("trainer.args")]
     assert "fp16" in changed and line.startswith("trainer.args changed")
     assert all(f"'{key}'" in line for key in changed) and "'fp16': (False, True)" in line

@@ -1,5 +1,6 @@
 """Notebook 02's toy GRPO code, tested as the learner reads it: the notebook's code cells that define functions are
-executed, then their functions are checked by hand and against TRL's own ``GRPOTrainer._compute_loss``."""
+executed, then their functions are checked by hand and against TRL's own ``GRPOTrainer._compute_loss`` and advantage
+lines; the notebook is saved with its outputs, which must be those of a fresh run."""
 
 from __future__ import annotations
 
@@ -19,15 +20,20 @@ def _defines_something(source: str) -> bool:
     return any(isinstance(node, (ast.FunctionDef, ast.ClassDef)) for node in ast.parse(source).body)
 
 
-@pytest.fixture(scope="module")
-def nb():
-    """The functions of notebook 02, from the cells that define them, run in order in one namespace."""
+def notebook_namespace(every_cell: bool = False) -> types.ModuleType:
+    """Notebook 02's code cells, run in order in one namespace: those that define functions, or ``every_cell``."""
     matplotlib.use("Agg")  # the cells draw their pictures; nothing is shown
     namespace = types.ModuleType("notebook_02")
     cells = [c.source for c in nbformat.read(NOTEBOOK, as_version=4).cells if c.cell_type == "code"]
-    for source in filter(_defines_something, cells):
+    for source in cells if every_cell else filter(_defines_something, cells):
         exec(compile(source, str(NOTEBOOK), "exec"), namespace.__dict__)
     return namespace
+
+
+@pytest.fixture(scope="module")
+def nb():
+    """The functions of notebook 02, from the cells that define them."""
+    return notebook_namespace()
 
 
 def test_group_advantages_by_hand(nb):
@@ -162,8 +168,9 @@ def test_vllm_importance_weight_matches_trl(nb, loss_type, mode):
     ratio = nb.vllm_is_ratio(logps, sampling, mask, mode=mode, clip_max=1.5, clip_min=0.7)
     args = {"beta": 0.04, "ref_logps": logps + 0.1, "max_completion_length": 8}
     ours = nb.grpo_loss(logps, logps, advantages, mask, loss_type, is_ratio=ratio, **args).item()
-    assert ours == pytest.approx(nb.trl_loss(logps, logps, advantages, mask, loss_type, is_ratio=ratio, **args),
-                                 abs=1e-6)
+    assert ours == pytest.approx(
+        nb.trl_loss(logps, logps, advantages, mask, loss_type, is_ratio=ratio, **args), abs=1e-6
+    )
     assert ours != pytest.approx(nb.grpo_loss(logps, logps, advantages, mask, loss_type, **args).item(), abs=1e-4)
 
 
@@ -172,8 +179,9 @@ def test_vllm_importance_weight_modes(nb):
     trainer = torch.tensor([[0.0, 0.0, 9.0]])  # the padded token's difference must not count
     sampling = torch.tensor([[-0.5, -1.0, 0.0]])  # per-token log-weights 0.5 and 1.0; 1.5 per sequence
     assert nb.vllm_is_ratio(trainer, sampling, mask, "sequence_truncate").item() == pytest.approx(3.0)  # e^1.5 > 3
-    assert nb.vllm_is_ratio(trainer, sampling, mask, "sequence_mask", clip_max=5.0).item() == pytest.approx(4.4817,
-                                                                                                             abs=1e-3)
+    assert nb.vllm_is_ratio(trainer, sampling, mask, "sequence_mask", clip_max=5.0).item() == pytest.approx(
+        4.4817, abs=1e-3
+    )
     token = nb.vllm_is_ratio(trainer, sampling, mask, "token_mask", clip_max=2.0).tolist()[0][:2]
     assert token == pytest.approx([1.6487, 0.0], abs=1e-3)
     with pytest.raises(ValueError, match="importance-sampling mode"):
@@ -194,3 +202,143 @@ def test_pictures_are_saved(nb, tmp_path):
     nb.plot_token_weights(weights, mask).savefig(tmp_path / "weights.png")
     for png in (tmp_path / "adv.png", tmp_path / "weights.png"):
         assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5_000
+
+
+def trl_advantage_lines():
+    """TRL's own code, taken from the source of ``GRPOTrainer._generate_and_score_completions``: the lines that turn
+    the rewards into advantages and ``is_std_zero`` (for ``frac_reward_zero_std``), for the default aggregation."""
+    import inspect
+    import textwrap
+
+    from trl import GRPOTrainer
+
+    source = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    start = source.index('if self.multi_objective_aggregation == "sum_then_normalize":')
+    end = source.index('elif self.multi_objective_aggregation == "normalize_then_sum":')
+    block = textwrap.dedent(source[start:end].split("\n", 1)[1])  # the body of that `if`
+    return compile(block, "trl/trainer/grpo_trainer.py", "exec")
+
+
+@pytest.mark.parametrize("scale_rewards", ["group", "batch", "none"])
+def test_group_advantages_and_zero_std_share_are_trls_own(nb, scale_rewards):
+    """TRL's lines run on the notebook's rewards (section 1's, plus a flat group) give group_advantages's values."""
+    from trl.trainer.utils import nanstd
+
+    rewards = torch.tensor([2.0, 0.0, 1.0, 1.0, 0.5, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+    trainer = types.SimpleNamespace(scale_rewards=scale_rewards, reward_weights=torch.tensor([1.0]))
+    scope = {
+        "self": trainer,
+        "torch": torch,
+        "nanstd": nanstd,
+        "num_generations": 4,
+        "device": "cpu",
+        "rewards_per_func": rewards.unsqueeze(1),
+        "unscorable_mask": torch.zeros(12, dtype=torch.bool),
+    }
+    exec(trl_advantage_lines(), scope)
+    assert torch.allclose(nb.group_advantages(rewards, 4, scale_rewards), scope["advantages"], atol=1e-6)
+    assert scope["is_std_zero"].float().mean().item() == pytest.approx(
+        nb.zero_std_fraction(rewards, 4) if scale_rewards != "batch" else 0.0
+    )
+
+
+def test_epsilon_high_lets_a_good_token_rise_further(nb):
+    logps = torch.tensor([[0.22, 0.3]], requires_grad=True)  # ratios 1.25 and 1.35: above 1.2, one below 1.28
+    nb.clipped_surrogate(logps, torch.zeros(1, 2), torch.tensor([1.0]), epsilon_high=0.28).sum().backward()
+    assert logps.grad[0, 0] < 0 and logps.grad[0, 1] == 0
+    low = torch.tensor([[-0.25]], requires_grad=True)  # ratio 0.78, a bad token: the lower bound is still 0.2
+    nb.clipped_surrogate(low, torch.zeros(1, 1), torch.tensor([-1.0]), epsilon_high=0.28).sum().backward()
+    assert low.grad[0, 0] == 0
+
+
+def _t4_batch(seed: int):
+    """One question's G=4 answers as the T4 recipe trains them: uneven lengths, moved since sampling, vLLM-sampled."""
+    from grpo_kit.config import load_recipe
+
+    t4 = load_recipe("t4-16gb").grpo
+    logps, mask, _ = _batch(seed)
+    old = logps + 0.3 * torch.randn_like(logps)
+    sampled = old + 0.3 * torch.randn_like(logps)
+    return t4, logps, old, mask, sampled
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo", "bnpo"])
+@pytest.mark.parametrize("seed", [5, 6])
+def test_grpo_loss_matches_trl_at_the_t4_recipes_settings(nb, loss_type, seed):
+    """epsilon_high 0.28, beta 0, the vLLM factor on and 4 accumulation steps, read from recipes/t4-16gb.yaml."""
+    t4, logps, old, mask, sampled = _t4_batch(seed)
+    assert (t4.epsilon_high, t4.beta, t4.gradient_accumulation_steps) == (0.28, 0.0, 4)
+    assert t4.use_vllm and t4.vllm_importance_sampling_correction
+    ratio = nb.vllm_is_ratio(
+        old,
+        sampled,
+        mask,
+        t4.vllm_importance_sampling_mode,
+        t4.vllm_importance_sampling_clip_max,
+        t4.vllm_importance_sampling_clip_min,
+    )
+    advantages = nb.group_advantages(torch.tensor([1.0, 0.0, 0.25, 0.5]), t4.num_generations)
+    args = {
+        "beta": t4.beta,
+        "epsilon": t4.epsilon,
+        "epsilon_high": t4.epsilon_high,
+        "max_completion_length": 8,
+        "is_ratio": ratio,
+    }
+    steps = t4.gradient_accumulation_steps
+    ours = nb.grpo_loss(logps, old, advantages, mask, loss_type, accumulation_steps=steps, **args).item()
+    theirs = nb.trl_loss(logps, old, advantages, mask, loss_type, gradient_accumulation_steps=steps, **args)
+    assert ours == pytest.approx(theirs, abs=1e-6)
+
+
+def test_the_t4_check_sees_epsilon_high_and_the_accumulation(nb):
+    """Symmetric clipping, or TRL's loss without accumulation, gives another value: the check would fail."""
+    t4, logps, old, mask, _ = _t4_batch(5)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    args = {"epsilon": 0.2, "epsilon_high": 0.28}
+    ours = nb.grpo_loss(logps, old, advantages, mask, "bnpo", accumulation_steps=4, **args).item()
+    assert ours == pytest.approx(
+        nb.trl_loss(logps, old, advantages, mask, "bnpo", gradient_accumulation_steps=4, **args), abs=1e-6
+    )
+    assert abs(ours - nb.trl_loss(logps, old, advantages, mask, "bnpo", **args)) > 1e-4
+    assert abs(ours - nb.grpo_loss(logps, old, advantages, mask, "bnpo", accumulation_steps=4).item()) > 1e-4
+
+
+def fresh_run(path: Path = NOTEBOOK):
+    """The notebook run top to bottom in a new kernel. Its stderr (library warnings, which differ between machines)
+    is left out, and no timings are recorded, so what a run prints is the same on every machine."""
+    from nbclient import NotebookClient
+
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(
+        notebook,
+        timeout=600,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
+    for cell in notebook.cells:
+        if cell.cell_type == "code":
+            cell.outputs = [output for output in cell.outputs if output.get("name") != "stderr"]
+    return notebook
+
+
+def text_outputs(notebook) -> list[list[str]]:
+    """What each code cell printed, and the text form of what it displayed (pictures: their size and axes)."""
+    return [
+        [output.get("text") or output.get("data", {}).get("text/plain") for output in cell.outputs]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+    ]
+
+
+def test_the_saved_outputs_are_those_of_a_fresh_run():
+    """Notebook 02 is committed with its outputs, for readers on GitHub; a change to its code or to TRL that changes a
+    number fails here. To save a fresh run: ``.venv/bin/python tests/test_teaching.py``."""
+    committed = text_outputs(nbformat.read(NOTEBOOK, as_version=4))
+    assert any(committed), "notebook 02 is saved without its outputs: python tests/test_teaching.py saves them"
+    assert committed == text_outputs(fresh_run())
+
+
+if __name__ == "__main__":
+    nbformat.write(fresh_run(), NOTEBOOK)
