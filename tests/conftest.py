@@ -41,8 +41,9 @@ def pytest_configure(config):
     try:
         import unsloth  # noqa: F401  before transformers, TRL and PEFT, as the kit imports it on a GPU
     except ImportError as error:
-        raise pytest.UsageError(f"-m real_unsloth needs the real Unsloth ({error}): `make test` installs it in "
-                                f"{packages}.") from error
+        raise pytest.UsageError(
+            f"-m real_unsloth needs the real Unsloth ({error}): `make test` installs it in {packages}."
+        ) from error
 
 
 def pytest_collection_modifyitems(config, items):
@@ -131,7 +132,8 @@ def _make_adapter(base_dir, out_dir, *, std: float = 0.05, seed: int = 0, target
 
 @pytest.fixture(scope="session")
 def make_adapter():
-    """``make_adapter(base_dir, out_dir, *, std=0.05, seed=0, targets=ALL_TARGETS)``: a LoRA adapter that changes logits."""
+    """``make_adapter(base_dir, out_dir, *, std=0.05, seed=0, targets=ALL_TARGETS)``: a LoRA adapter that changes
+    logits."""
     return _make_adapter
 
 
@@ -145,8 +147,9 @@ def _fake_checkpoint(run_dir, step: int, *, skip=(), state: bool = True):
 
     folder = run_dir / f"checkpoint-{step}"
     folder.mkdir(parents=True)
-    save_file({"base_model.model.lora_B.weight": torch.full((2, 2), float(step))},
-              str(folder / "adapter_model.safetensors"))
+    save_file(
+        {"base_model.model.lora_B.weight": torch.full((2, 2), float(step))}, str(folder / "adapter_model.safetensors")
+    )
     (folder / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "tiny"}))
     if state:
         (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))

@@ -65,9 +65,17 @@ def test_a_4bit_grpo_step_trains_the_lora_on_linear4bit_layers_and_its_exports_v
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             seen["layers"] = projections(model)
 
-    recipe = load_recipe("cpu-4bit", max_steps=1, save_steps=1, max_completion_length=16, num_generations=4,
-                         per_device_train_batch_size=4, few_shot=0, reward_funcs=["length_reward:longer"],
-                         reward_weights=[1.0])
+    recipe = load_recipe(
+        "cpu-4bit",
+        max_steps=1,
+        save_steps=1,
+        max_completion_length=16,
+        num_generations=4,
+        per_device_train_batch_size=4,
+        few_shot=0,
+        reward_funcs=["length_reward:longer"],
+        reward_weights=[1.0],
+    )
     result = train(recipe, data="arithmetic", output_dir=tmp_path / "run", callbacks=(Look(),))
     assert result.steps == 1
     assert len(seen["layers"]) == 60 and all(isinstance(m, bnb.nn.Linear4bit) for m in seen["layers"])
@@ -77,8 +85,10 @@ def test_a_4bit_grpo_step_trains_the_lora_on_linear4bit_layers_and_its_exports_v
 
     # The adapter alone keeps the NF4 base it was trained on ...
     (lora,) = export(result.adapter_dir, ("lora",), out_dir=tmp_path / "exports", name="adapter")
-    assert lora.lora_effect > 0 and json.loads((lora.path.parent / "export.json").read_text())["base_model"] == \
-        "embedded:smollm2-135m-bnb-4bit"
+    assert (
+        lora.lora_effect > 0
+        and json.loads((lora.path.parent / "export.json").read_text())["base_model"] == "embedded:smollm2-135m-bnb-4bit"
+    )
     # ... merged16 merges it into the 16-bit original (PEFT's merge into Linear4bit would re-quantize it)
     (merged,) = export(result.adapter_dir, ("merged16",), out_dir=tmp_path / "exports", name="merged")
     config = json.loads((merged.path / "config.json").read_text())

@@ -16,7 +16,9 @@ def run_adapter(tmp_path, tiny_model_dir, make_adapter):
     """A run folder as ``grpo-kit train`` leaves it: ``adapter/`` plus ``run.json`` with the recipe's prompt."""
     run = tmp_path / "run"
     make_adapter(tiny_model_dir, run / "adapter")
-    (run / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir), "few_shot": 1, "prefill": "<think>\n"}}))
+    (run / "run.json").write_text(
+        json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir), "few_shot": 1, "prefill": "<think>\n"}})
+    )
     return run / "adapter"
 
 

@@ -20,8 +20,9 @@ REPO = "/content/grpo-kit"
 
 
 def _plan(torch="2.11.0+cu130", cuda="13.0", capability=(8, 0)):
-    return plan_install(Runtime(torch=torch, cuda=cuda, capability=capability, gpu="fake"),
-                        read_requirements(REQUIREMENTS), REPO)
+    return plan_install(
+        Runtime(torch=torch, cuda=cuda, capability=capability, gpu="fake"), read_requirements(REQUIREMENTS), REPO
+    )
 
 
 def _chosen(plan):
@@ -86,8 +87,9 @@ def test_every_other_line_of_the_file_is_installed_once():
 
 
 def test_no_gpu_installs_the_cpu_kit_only():
-    plan = plan_install(Runtime(torch="2.11.0+cu126", cuda="12.6", capability=None), read_requirements(REQUIREMENTS),
-                        REPO)
+    plan = plan_install(
+        Runtime(torch="2.11.0+cu126", cuda="12.6", capability=None), read_requirements(REQUIREMENTS), REPO
+    )
     flat = " ".join(" ".join(command) for command in plan.commands)
     assert "unsloth" not in flat and "vllm" not in flat and "CPU install" in plan.reasons[0]
 
@@ -131,7 +133,6 @@ def test_install_probes_in_a_child_runs_the_plan_and_reports_a_restart(monkeypat
 def test_loaded_distributions_reads_what_is_imported():
     found = colab_install.loaded_distributions(["pytest", "json", "_pytest.python"])
     assert found == {"pytest": pytest.__version__}
-
 
 
 def test_without_install_the_command_only_prints_the_plan(monkeypatch, capsys):

@@ -49,7 +49,9 @@ def test_cpu_answers_recipe_runs_one_step_on_arithmetic(tiny_model_dir, tmp_path
     from grpo_kit.files import read_metrics
     from grpo_kit.train import train
 
-    preset = load_recipe("cpu-answers", model_name_or_path=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8)
+    preset = load_recipe(
+        "cpu-answers", model_name_or_path=str(tiny_model_dir), max_steps=1, save_steps=1, max_completion_length=8
+    )
     result = train(preset, data="arithmetic", output_dir=tmp_path / "run")
     assert result.steps == 1
     info = json.loads((result.run_dir / "run.json").read_text())
@@ -102,8 +104,11 @@ def test_paired_difference_refuses_unpaired_results():
 
 
 def test_curve_is_the_share_of_right_samples_per_step(bench):
-    history = [{"step": 1, "reward/correctness": 0.5, "frac_reward_zero_std": 0.5},
-               {"step": 2, "loss": 0.1}, {"step": 3, "reward/correctness": 1.0, "frac_reward_zero_std": 0.25}]
+    history = [
+        {"step": 1, "reward/correctness": 0.5, "frac_reward_zero_std": 0.5},
+        {"step": 2, "loss": 0.1},
+        {"step": 3, "reward/correctness": 1.0, "frac_reward_zero_std": 0.25},
+    ]
     assert bench.correctness_curve(history) == [(1, 0.25, 0.5), (3, 0.5, 0.25)]
 
 

@@ -192,8 +192,12 @@ def test_train_turns_trl_shuffling_off_unless_the_recipe_set_it(tmp_path, monkey
 
     monkeypatch.setattr(planner, "check_device", stop)
     with pytest.raises(_Stop):
-        train(load_recipe("cpu", **recipe_sets), dataset=_dataset(["q"]), output_dir=tmp_path / "run",
-              curriculum=Curriculum("s.jsonl"))
+        train(
+            load_recipe("cpu", **recipe_sets),
+            dataset=_dataset(["q"]),
+            output_dir=tmp_path / "run",
+            curriculum=Curriculum("s.jsonl"),
+        )
     assert seen == [expected]
 
 
@@ -222,6 +226,7 @@ def test_rewards_are_summed_like_trl(monkeypatch):
     from grpo_kit.rewards import REWARDS
 
     dataset = Dataset.from_dict({"prompt": ["p"], "question": ["q"], "answer": ["1"], "prefill": [""]})
+
     def first(completions, **kwargs):
         return [1.0, None, None]
 
@@ -251,7 +256,9 @@ def _constructed_case():
             if prompt.startswith("stuck"):
                 out.append(["</think><answer>9</answer>"] * samples)
             else:
-                out.append([rng.choice(["</think><answer>4</answer>", "no answer", "</think> 4"]) for _ in range(samples)])
+                out.append(
+                    [rng.choice(["</think><answer>4</answer>", "no answer", "</think> 4"]) for _ in range(samples)]
+                )
                 out[-1][0] = "</think><answer>4</answer>"  # make sure the group is not flat by chance
                 out[-1][1] = "no answer"
         return out
@@ -312,8 +319,17 @@ def test_cli_curriculum_writes_scores_next_to_the_data(tiny_model_dir, tmp_path,
     data = tmp_path / "train.jsonl"
     rows = make_arithmetic_dataset(3, seed=0).to_list()
     data.write_text("".join(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rows))
-    argv = ["curriculum", "--data", str(data), "--set", f"model_name_or_path={tiny_model_dir}", "--samples", "2",
-            "--set", "max_completion_length=6"]
+    argv = [
+        "curriculum",
+        "--data",
+        str(data),
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--samples",
+        "2",
+        "--set",
+        "max_completion_length=6",
+    ]
     assert main(argv) == 0
     scores = read_scores(tmp_path / "train.curriculum.jsonl")
     assert set(scores) == {r["question"] for r in rows}
@@ -350,20 +366,35 @@ def test_training_with_zero_variance_drop_lowers_trl_zero_std_share(tiny_model_d
     toy, seen = _char_code_reward_for(flat)
     monkeypatch.setitem(REWARDS, "toy", toy)
     scores = [
-        PromptScore(q, "1", tuple(["1"] * (i + 1) + ["2"] * (3 - i)) if i < 3 else ("1", "2", "3", "4"),
-                    (0.0,) * 4 if q in flat else (0.1, 0.2, 0.3, 0.4), "toy:1")
+        PromptScore(
+            q,
+            "1",
+            tuple(["1"] * (i + 1) + ["2"] * (3 - i)) if i < 3 else ("1", "2", "3", "4"),
+            (0.0,) * 4 if q in flat else (0.1, 0.2, 0.3, 0.4),
+            "toy:1",
+        )
         for i, q in enumerate(questions)
     ]
     path = write_scores(tmp_path / "scores.jsonl", scores)
     recipe = load_recipe(
-        "cpu", model_name_or_path=str(tiny_model_dir), max_steps=3, num_generations=2, per_device_train_batch_size=4,
-        gradient_accumulation_steps=1, max_completion_length=8, few_shot=0, save_steps=10, logging_steps=1,
-        reward_funcs=["toy"], reward_weights=[1.0],
+        "cpu",
+        model_name_or_path=str(tiny_model_dir),
+        max_steps=3,
+        num_generations=2,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        few_shot=0,
+        save_steps=10,
+        logging_steps=1,
+        reward_funcs=["toy"],
+        reward_weights=[1.0],
     )
     baseline = train(recipe, dataset=dataset, output_dir=tmp_path / "base")
     seen.clear()
-    filtered = train(recipe, dataset=dataset, output_dir=tmp_path / "drop",
-                     curriculum=Curriculum(str(path), drop_zero_variance=True))
+    filtered = train(
+        recipe, dataset=dataset, output_dir=tmp_path / "drop", curriculum=Curriculum(str(path), drop_zero_variance=True)
+    )
     before = [row["frac_reward_zero_std"] for row in read_metrics(baseline.metrics_path)]
     after = [row["frac_reward_zero_std"] for row in read_metrics(filtered.metrics_path)]
     assert sum(before) > 0 and after == [0.0, 0.0, 0.0]  # measured: before [0.5, 0.0, 0.5]

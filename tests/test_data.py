@@ -246,7 +246,10 @@ def _bad_jsonl(tmp_path, bad_line: bytes):
         (json.dumps({"question": "Q?"}).encode(), "answer is missing"),
         (json.dumps({"question": "Q?", "answer": "#### many"}).encode(), "not a number"),
         (json.dumps({"question": "Q?", "answer": "The answer is 5."}).encode(), "neither a number"),
-        (json.dumps({"question": "Q?", "answer": " "}).encode(), "neither a number nor a GSM8K text ending in '#### N': ''"),
+        (
+            json.dumps({"question": "Q?", "answer": " "}).encode(),
+            "neither a number nor a GSM8K text ending in '#### N': ''",
+        ),
         (json.dumps({"question": "Q?", "answer": None}).encode(), "missing"),
         (json.dumps({"question": "Q?", "answer": True}).encode(), "boolean"),
         (json.dumps({"question": "", "answer": GOOD}).encode(), "question is empty"),
@@ -269,7 +272,11 @@ def test_bad_jsonl_row_names_file_and_row(tmp_path, bad_line, reason):
 
 @pytest.mark.parametrize(
     "bad_line",
-    [json.dumps(["Q?", GOOD]).encode(), b'{"question": "Q?", "answer": ', b'{"question": "caf\xe9?", "answer": "#### 1"}'],
+    [
+        json.dumps(["Q?", GOOD]).encode(),
+        b'{"question": "Q?", "answer": ',
+        b'{"question": "caf\xe9?", "answer": "#### 1"}',
+    ],
 )
 def test_unparsable_jsonl_line_fails_the_file_with_the_fix(tmp_path, bad_line):
     """A line the json loader cannot parse (not an object, cut off, not UTF-8) fails the whole file, lenient too."""
@@ -369,7 +376,8 @@ def test_numeric_answer_fields_are_exact(tmp_path):
     with pytest.raises(GrpoKitError, match="row 1: the answer .* too large to be read exactly.*write it as text"):
         load_gsm8k(str(big))
     assert load_gsm8k(str(_write_jsonl(tmp_path / "t.jsonl", [{"question": "a", "answer": "12345678901234567891"}])))[
-        "answer"] == ["12345678901234567891"]
+        "answer"
+    ] == ["12345678901234567891"]
     path = tmp_path / "nan.jsonl"
     path.write_text('{"question": "d", "answer": NaN}\n')
     with pytest.raises(GrpoKitError, match="row 1: the answer nan is not a finite number"):

@@ -1,4 +1,6 @@
-"""Evaluation: scoring under both protocols, metrics and files, before/after, the CLI. Models are the tiny random Llama."""
+"""Evaluation: scoring under both protocols, metrics and files, before/after, the CLI.
+
+Models are the tiny random Llama."""
 
 from __future__ import annotations
 
@@ -14,8 +16,17 @@ from grpo_kit.evaluate import EvalResult, compare, evaluate, evaluate_before_aft
 from grpo_kit.rewards import REWARDS
 
 _score_row = evaluate_module._score_row
-ROW_KEYS = {"question", "gold", "completion", "extracted_strict", "extracted_lenient", "correct_strict",
-            "correct_lenient", "in_format", "completion_tokens"}
+ROW_KEYS = {
+    "question",
+    "gold",
+    "completion",
+    "extracted_strict",
+    "extracted_lenient",
+    "correct_strict",
+    "correct_lenient",
+    "in_format",
+    "completion_tokens",
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +43,13 @@ def tiny(tiny_model_dir):
 
 def test_strict_and_lenient_protocols_differ_as_documented():
     tagged = _score_row("<think>5 + 3 = 8</think>\n<answer>$8.00</answer>", "8")
-    assert tagged == {"extracted_strict": "$8.00", "extracted_lenient": "8.00", "correct_strict": True,
-                      "correct_lenient": True, "in_format": True}
+    assert tagged == {
+        "extracted_strict": "$8.00",
+        "extracted_lenient": "8.00",
+        "correct_strict": True,
+        "correct_lenient": True,
+        "in_format": True,
+    }
     untagged = _score_row("5 + 3 = 8, so 8 apples.", "8")
     assert (untagged["correct_strict"], untagged["correct_lenient"], untagged["in_format"]) == (False, True, False)
     wrong_tag = _score_row("<think>x</think><answer>9</answer> but really 8", "8")
@@ -46,10 +62,18 @@ def test_prefill_counts_as_part_of_the_answer():
     assert _score_row(completion, "8", prefill="<think>\n")["in_format"]
 
 
-@pytest.mark.parametrize("completion", [
-    "<think>x</think><answer>1,000</answer>", "<answer>18 or 19</answer>", "<ANSWER>1000</ANSWER>",
-    "<think>x</think><answer>1000", "the answer is 1000", "<answer>1e3</answer>", "<answer>one thousand</answer>",
-])
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<think>x</think><answer>1,000</answer>",
+        "<answer>18 or 19</answer>",
+        "<ANSWER>1000</ANSWER>",
+        "<think>x</think><answer>1000",
+        "the answer is 1000",
+        "<answer>1e3</answer>",
+        "<answer>one thousand</answer>",
+    ],
+)
 def test_strict_accuracy_is_the_correctness_reward_and_format_the_format_reward(completion):
     correct = REWARDS["correctness"]([completion], answer=["1000"], prefill=[""])[0] > 0  # as TRL calls it
     in_format = REWARDS["format"]([completion], answer=["1000"], prefill=[""])[0] > 0
@@ -88,7 +112,8 @@ def test_generate_ignores_the_models_own_decoding_defaults(tiny, with_model_defa
 
 
 def test_evaluate_scores_generations_with_prefill(tiny, questions, monkeypatch):
-    """Scoring wiring without model noise: generation replaced by fixed completions (one right, one wrong, one untagged)."""
+    """Scoring wiring without model noise: generation replaced by fixed completions (one right, one wrong, one
+    untagged)."""
     golds = list(questions["answer"])
     canned = [f"ok\n</think>\n<answer>{golds[0]}</answer>", "ok\n</think>\n<answer>-1</answer>", f"it is {golds[2]}"]
     seen = {}
@@ -175,8 +200,21 @@ def test_before_after_uses_the_adapter(tiny_model_dir, questions, tmp_path, make
 @pytest.mark.slow
 def test_cli_eval_writes_json_and_rows(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "eval.json"
-    code = main(["eval", "--model", str(tiny_model_dir), "--data", "sample", "--limit", "2", "--max-new-tokens", "4",
-                 "--out", str(out)])
+    code = main(
+        [
+            "eval",
+            "--model",
+            str(tiny_model_dir),
+            "--data",
+            "sample",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "strict" in printed and "lenient" in printed and "protocol:" in printed
@@ -189,8 +227,27 @@ def test_cli_eval_writes_json_and_rows(tiny_model_dir, tmp_path, capsys):
 def test_cli_eval_compare(tiny_model_dir, tmp_path, capsys, make_adapter):
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter", targets=["q_proj", "v_proj", "up_proj"])
     out = tmp_path / "eval.json"
-    assert main(["eval", "--model", str(tiny_model_dir), "--adapter", str(adapter), "--compare", "--data", "sample",
-                 "--limit", "2", "--max-new-tokens", "4", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                "--model",
+                str(tiny_model_dir),
+                "--adapter",
+                str(adapter),
+                "--compare",
+                "--data",
+                "sample",
+                "--limit",
+                "2",
+                "--max-new-tokens",
+                "4",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert "accuracy (strict)" in capsys.readouterr().out
     assert out.is_file() and (tmp_path / "eval-base.json").is_file()
     assert main(["eval", "--model", str(tiny_model_dir), "--compare", "--data", "sample"]) == 2

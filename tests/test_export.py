@@ -28,9 +28,18 @@ def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     run = tmp_path_factory.mktemp("run")
     make_adapter(tiny_model_dir, run / "adapter")
     info = {  # as grpo_kit.runs.write_run_info writes it: the recipe's flat values
-        "recipe": {"name": "cpu", "model_name_or_path": str(tiny_model_dir), "lora_r": 4, "lora_alpha": 8,
-                   "few_shot": 1, "prefill": "<think>\n", "num_generations": 4, "learning_rate": 5e-4, "max_steps": 12,
-                   "max_completion_length": 16},
+        "recipe": {
+            "name": "cpu",
+            "model_name_or_path": str(tiny_model_dir),
+            "lora_r": 4,
+            "lora_alpha": 8,
+            "few_shot": 1,
+            "prefill": "<think>\n",
+            "num_generations": 4,
+            "learning_rate": 5e-4,
+            "max_steps": 12,
+            "max_completion_length": 16,
+        },
         "data": "sample",
         "reward_names": ["tag_progress", "correctness"],
         "versions": {"trl": "1.15.0"},
@@ -126,8 +135,13 @@ def test_an_export_carries_the_training_prompt_where_eval_and_chat_find_it(run_d
 
     seen = []
     monkeypatch.setattr("grpo_kit.models.load_inference_model", lambda base, adapter: (base, adapter))
-    monkeypatch.setattr(evaluate, "evaluate", lambda model, tokenizer, dataset, **kw: seen.append(kw) or EvalResult(
-        0.0, 0.0, 1.0, 1.0, n=1, seed=0, protocol="p"))
+    monkeypatch.setattr(
+        evaluate,
+        "evaluate",
+        lambda model, tokenizer, dataset, **kw: (
+            seen.append(kw) or EvalResult(0.0, 0.0, 1.0, 1.0, n=1, seed=0, protocol="p")
+        ),
+    )
     main(["eval", "--model", str(tmp_path / "x" / "merged16"), "--data", "sample", "--limit", "2"])
     assert (seen[0]["few_shot"], seen[0]["prefill"]) == (1, "<think>\n")
     assert "few_shot=1, prefill='<think>\\n'" in capsys.readouterr().out
@@ -137,8 +151,24 @@ def test_an_export_carries_the_training_prompt_where_eval_and_chat_find_it(run_d
 def test_an_export_can_compare_the_merged_models_answers_with_base_plus_adapter(run_dir, tmp_path, capsys):
     """`grpo-kit export --format merged16 --check-answers 2`: both models answer the same 2 bundled questions under
     the training prompt; the numbers go to export.json, the model card and the output."""
-    assert main(["export", "--adapter", str(run_dir / "adapter"), "--format", "merged16", "--out-dir", str(tmp_path),
-                 "--name", "a", "--check-answers", "2"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                "--adapter",
+                str(run_dir / "adapter"),
+                "--format",
+                "merged16",
+                "--out-dir",
+                str(tmp_path),
+                "--name",
+                "a",
+                "--check-answers",
+                "2",
+            ]
+        )
+        == 0
+    )
     answers = json.loads((tmp_path / "a" / "export.json").read_text())["answers"]
     assert list(answers) == ["base + adapter", "merged16"] and {m["n"] for m in answers.values()} == {2}
     assert all("few_shot=1, prefill='<think>\\n'" in m["protocol"] for m in answers.values())  # the run's prompt
@@ -175,7 +205,9 @@ def test_overwrite_guard_and_failed_overwrite_keeps_the_old_export(run_dir, tmp_
 
     results = export(run_dir / "adapter", ("merged16",), out_dir=tmp_path, name="x", overwrite=True)
     assert results[0].format == "merged16"
-    assert "merged16/model.safetensors" in _files(tmp_path / "x") and "lora/adapter_config.json" not in _files(tmp_path / "x")
+    assert "merged16/model.safetensors" in _files(tmp_path / "x") and "lora/adapter_config.json" not in _files(
+        tmp_path / "x"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["x"]
 
 
@@ -199,9 +231,11 @@ def test_model_card_has_the_eval_numbers_the_run_saved(run_dir, tmp_path):
 
     run = shutil.copytree(run_dir, tmp_path / "run")
     EvalResult(0.012, 0.034, 0.0, 61.0, n=50, seed=0, protocol="bundled sample, strict/lenient").save(
-        run / "eval" / "before.json")
+        run / "eval" / "before.json"
+    )
     EvalResult(0.187, 0.243, 0.96, 44.0, n=50, seed=0, protocol="bundled sample, strict/lenient").save(
-        run / "eval" / "after.json")
+        run / "eval" / "after.json"
+    )
     export(run / "adapter", ("lora",), out_dir=tmp_path, name="card")
     card = (tmp_path / "card" / "README.md").read_text()
     assert "| before | 50 | 1.2 % | 3.4 % | 0.0 % | 61.0 |" in card
@@ -227,7 +261,10 @@ def test_hub_token_never_leaks(run_dir, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
     export(run_dir / "adapter", ("lora",), out_dir=tmp_path, name="pushed", push_to_hub="me/grpo-test", print_fn=print)
-    assert calls == [("create", "me/grpo-test", FAKE_TOKEN), ("upload", "me/grpo-test", tmp_path / "pushed", FAKE_TOKEN)]
+    assert calls == [
+        ("create", "me/grpo-test", FAKE_TOKEN),
+        ("upload", "me/grpo-test", tmp_path / "pushed", FAKE_TOKEN),
+    ]
     captured = capsys.readouterr()
     assert f"uploaded {tmp_path / 'pushed'} to https://huggingface.co/me/grpo-test" in captured.out
     assert FAKE_TOKEN not in captured.out + captured.err
@@ -267,8 +304,11 @@ def test_an_export_that_would_not_fit_on_the_disk_is_refused_before_anything_loa
 
     monkeypatch.setattr(colab.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**12, 10**12, 1000))
     monkeypatch.setattr(export_module, "_write_merged16", lambda *a: pytest.fail("a model was merged"))
-    with pytest.raises(GrpoKitError, match=r"Not enough space for the export tiny: merged16 .*Nothing was written\. "
-                                           r"The biggest item is merged16 .*--format lora alone"):
+    with pytest.raises(
+        GrpoKitError,
+        match=r"Not enough space for the export tiny: merged16 .*Nothing was written\. "
+        r"The biggest item is merged16 .*--format lora alone",
+    ):
         export(run_dir / "adapter", ("merged16",), out_dir=tmp_path / "exports", name="tiny")
     assert not any((tmp_path / "exports").iterdir())
     export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], by_unsloth=False)  # MBs
@@ -300,13 +340,17 @@ def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("trained_on", "formats"), [
-    ("tiny", ("lora", "merged16")),
-    ("embedded:smollm2-135m", ("lora",)),
-    ("embedded:smollm2-135m-bnb-4bit", ("lora", "merged16")),  # the lora on its NF4 base, merged16 from the 16-bit
-])  # fmt: skip
-def test_the_model_cards_loading_code_runs_as_written(trained_on, formats, tiny_model_dir, make_adapter, tmp_path,
-                                                      monkeypatch):  # fmt: skip
+@pytest.mark.parametrize(
+    ("trained_on", "formats"),
+    [
+        ("tiny", ("lora", "merged16")),
+        ("embedded:smollm2-135m", ("lora",)),
+        ("embedded:smollm2-135m-bnb-4bit", ("lora", "merged16")),  # the lora on its NF4 base, merged16 from the 16-bit
+    ],
+)
+def test_the_model_cards_loading_code_runs_as_written(
+    trained_on, formats, tiny_model_dir, make_adapter, tmp_path, monkeypatch
+):
     """Issue 37: the card named ``embedded:...`` (transformers cannot load it), and a 4-bit run's 16-bit original
     while its adapter_config.json named the bnb-4bit base. The card's code is run as a user would paste it."""
     from peft import PeftModel
@@ -318,8 +362,9 @@ def test_the_model_cards_loading_code_runs_as_written(trained_on, formats, tiny_
     base_dir = tiny_model_dir if trained_on == "tiny" else resolve_model_id(trained_on)
     monkeypatch.chdir(tmp_path)
     make_adapter(base_dir, tmp_path / "run" / "adapter")
-    (tmp_path / "run" / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(
-        tiny_model_dir if trained_on == "tiny" else trained_on)}}))  # fmt: skip
+    (tmp_path / "run" / "run.json").write_text(
+        json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir if trained_on == "tiny" else trained_on)}})
+    )
     export(tmp_path / "run" / "adapter", formats, name="card")  # out_dir: exports/, as the CLI's default
 
     card = (tmp_path / "exports" / "card" / "README.md").read_text()
@@ -331,4 +376,6 @@ def test_the_model_cards_loading_code_runs_as_written(trained_on, formats, tiny_
     assert isinstance(namespace["model"], PeftModel)
     assert getattr(namespace["base"], "is_loaded_in_4bit", False) is ("4bit" in trained_on)
     if "merged16" in formats:
-        assert namespace["merged"].config.architectures and not hasattr(namespace["merged"].config, "quantization_config")
+        assert namespace["merged"].config.architectures and not hasattr(
+            namespace["merged"].config, "quantization_config"
+        )

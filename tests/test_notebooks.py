@@ -127,8 +127,16 @@ def test_a_fork_points_every_notebook_at_its_repository_with_one_command(tmp_pat
         assert '"https://github.com/someone/my-grpo\\"' in text  # the install cell clones it
     forked = {path: path.read_bytes() for path in [tmp_path / "pyproject.toml", *(tmp_path / "notebooks").iterdir()]}
     ran = tmp_path / "ran"
-    for value in ("not a repo", f"a/b`touch {ran}`", f"a/b$(touch {ran})", f"$(shell touch {ran})", "a/..", "./.",
-                  'a/b"', ""):  # fmt: skip
+    for value in (
+        "not a repo",
+        f"a/b`touch {ran}`",
+        f"a/b$(touch {ran})",
+        f"$(shell touch {ran})",
+        "a/..",
+        "./.",
+        'a/b"',
+        "",
+    ):
         refused = subprocess.run(["make", "-s", "-C", str(tmp_path), "fork-url", f"REPO={value}"], capture_output=True)
         assert refused.returncode == 2 and b"usage: make fork-url REPO=owner/name" in refused.stderr, value
         assert f"REPO={value!r}".encode() in refused.stderr  # the value as typed, not as a shell or make expanded it

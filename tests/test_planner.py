@@ -34,9 +34,15 @@ CPU = DeviceInfo("cpu", "cpu", 0.0, False)
 
 
 def _as_config(shape: ModelShape) -> dict:
-    return {"num_hidden_layers": shape.layers, "hidden_size": shape.hidden, "intermediate_size": shape.intermediate,
-            "num_attention_heads": shape.heads, "num_key_value_heads": shape.kv_heads, "vocab_size": shape.vocab,
-            "tie_word_embeddings": shape.tied_embeddings}
+    return {
+        "num_hidden_layers": shape.layers,
+        "hidden_size": shape.hidden,
+        "intermediate_size": shape.intermediate,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "vocab_size": shape.vocab,
+        "tie_word_embeddings": shape.tied_embeddings,
+    }
 
 
 # ------------------------------------------------------------------------------------------------ model shapes
@@ -49,9 +55,12 @@ def test_known_shapes_agree_with_their_published_parameter_counts(shape):
 
 
 def test_shapes_offline_come_from_the_table_for_the_shipped_models():
-    for model, name in [("unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit", "Llama-3.1-8B"),
-                        ("unsloth/Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-7B"),
-                        ("unsloth/Qwen2.5-1.5B-Instruct", "Qwen2.5-1.5B"), (EMBEDDED_ID, "SmolLM2-135M")]:
+    for model, name in [
+        ("unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit", "Llama-3.1-8B"),
+        ("unsloth/Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-7B"),
+        ("unsloth/Qwen2.5-1.5B-Instruct", "Qwen2.5-1.5B"),
+        (EMBEDDED_ID, "SmolLM2-135M"),
+    ]:
         assert shape_for(model).name == name
     assert shape_for("someone/unknown-7b") is None  # offline (conftest): nothing to read, nothing guessed
 
@@ -67,19 +76,39 @@ def test_a_local_transformers_config_is_preferred(tmp_path):
 def test_from_config_counts_a_real_llama_exactly():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=500,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=False,
+    )
     shape = ModelShape.from_config(config)
     assert (shape.layers, shape.hidden, shape.intermediate, shape.heads, shape.kv_heads, shape.vocab) == (
-        3, 64, 96, 4, 2, 500)
+        3,
+        64,
+        96,
+        4,
+        2,
+        500,
+    )
     assert shape.params == sum(p.numel() for p in LlamaForCausalLM(config).parameters())
 
 
 def test_from_config_on_a_tied_qwen2_config():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    config = Qwen2Config(vocab_size=400, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    config = Qwen2Config(
+        vocab_size=400,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+    )
     shape = ModelShape.from_config(config)
     assert shape.tied_embeddings and shape.dim("kv") == 24
     assert shape.params == pytest.approx(sum(p.numel() for p in Qwen2ForCausalLM(config).parameters()), rel=0.01)
@@ -95,8 +124,14 @@ def test_lora_count_matches_peft():
     from peft import LoraConfig, get_peft_model
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     torch.manual_seed(0)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     model = get_peft_model(LlamaForCausalLM(config), LoraConfig(r=8, target_modules=targets))
@@ -120,18 +155,26 @@ def test_weights_shrink_with_bits():
 
 @pytest.mark.parametrize("name", ["t4-16gb", "l4-24gb", "a100-80gb"])
 def test_total_grows_with_completion_length(name):
-    totals = [estimate_vram(load_recipe(name, max_completion_length=n, max_seq_length=256 + n)).total_gib
-              for n in (128, 256, 512, 1024)]
+    totals = [
+        estimate_vram(load_recipe(name, max_completion_length=n, max_seq_length=256 + n)).total_gib
+        for n in (128, 256, 512, 1024)
+    ]
     assert totals == sorted(totals) and len(set(totals)) == len(totals)
 
 
 def test_more_generations_cost_kv_cache_and_with_a_bigger_micro_batch_more_memory():
-    kv = [estimate_vram(load_recipe("t4-16gb", num_generations=g, gradient_accumulation_steps=g)).kv_needed_gib
-          for g in (2, 4, 8)]
+    kv = [
+        estimate_vram(load_recipe("t4-16gb", num_generations=g, gradient_accumulation_steps=g)).kv_needed_gib
+        for g in (2, 4, 8)
+    ]
     assert kv == sorted(kv) and len(set(kv)) == 3
     # Unsloth-style batch = G: every completion of a group in one micro-batch, so activations and logits grow.
-    totals = [estimate_vram(load_recipe("t4-16gb", num_generations=g, per_device_train_batch_size=g,
-                                        gradient_accumulation_steps=1)).total_gib for g in (2, 4, 8)]
+    totals = [
+        estimate_vram(
+            load_recipe("t4-16gb", num_generations=g, per_device_train_batch_size=g, gradient_accumulation_steps=1)
+        ).total_gib
+        for g in (2, 4, 8)
+    ]
     assert totals == sorted(totals) and len(set(totals)) == 3
 
 
@@ -179,8 +222,10 @@ def test_estimate_format_and_fits():
     text = estimate.format()
     assert f"{estimate.total_gib:6.2f}" in text and "fits in 14.7 GiB" in text
     no_vllm = estimate_vram(load_recipe("t4-16gb", use_vllm=False))  # (vLLM's share grows with the card)
-    assert estimate.fits() and not estimate_vram(load_recipe("t4-16gb", use_vllm=False),
-                                                 card_gb=no_vllm.total_gib - 0.01).fits()
+    assert (
+        estimate.fits()
+        and not estimate_vram(load_recipe("t4-16gb", use_vllm=False), card_gb=no_vllm.total_gib - 0.01).fits()
+    )
     parts = ("weights_gib", "lora_gib", "activations_gib", "logits_gib", "vllm_gib", "overhead_gib")
     assert estimate.total_gib == pytest.approx(sum(getattr(estimate, p) for p in parts))
 
@@ -206,8 +251,7 @@ def test_check_device_is_quiet_when_it_fits():
     assert _warnings_of(load_recipe("t4-16gb", model_name_or_path="someone/unknown-7b"), T4) == []  # nothing to check
 
 
-@pytest.mark.parametrize("name, setting", [("t4-16gb", "vLLM"), ("a100-80gb", "bf16"),
-                                           ("cpu", "fp16")])
+@pytest.mark.parametrize("name, setting", [("t4-16gb", "vLLM"), ("a100-80gb", "bf16"), ("cpu", "fp16")])
 def test_gpu_only_settings_on_a_cpu_are_refused_with_the_fix(name, setting):
     recipe = load_recipe(name, fp16=True, bf16=False) if setting == "fp16" else load_recipe(name)
     with pytest.raises(GrpoKitError, match="--preset cpu") as caught:
@@ -235,21 +279,35 @@ def test_too_little_memory_warns_with_the_fixes():
     (starved,) = _warnings_of(load_recipe("t4-16gb", vllm_gpu_memory_utilization=0.35), T4)
     assert "KV cache" in starved
     # A share too small for the KV cache is the server's business in server mode, not this card's.
-    assert _warnings_of(load_recipe("t4-16gb", vllm_gpu_memory_utilization=0.35, vllm_mode="server",
-                                    load_in_4bit=False, model_name_or_path="unsloth/Qwen2.5-1.5B-Instruct"), T4) == []
+    assert (
+        _warnings_of(
+            load_recipe(
+                "t4-16gb",
+                vllm_gpu_memory_utilization=0.35,
+                vllm_mode="server",
+                load_in_4bit=False,
+                model_name_or_path="unsloth/Qwen2.5-1.5B-Instruct",
+            ),
+            T4,
+        )
+        == []
+    )
 
 
 # ------------------------------------------------------------------------------------------------ auto_recipe
 
 
-@pytest.mark.parametrize("device, expected", [
-    (CPU, "cpu"),
-    (DeviceInfo("cuda", "Tesla T4", 14.74, False), "t4-16gb"),
-    (DeviceInfo("cuda", "NVIDIA L4", 22.0, True), "l4-24gb"),
-    (DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 31.7, False), "t4-16gb"),  # 32 GiB but no bf16: the fp16 tier
-    (DeviceInfo("cuda", "NVIDIA A100-SXM4-40GB", 39.4, True), "a100-40gb"),
-    (DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 79.1, True), "a100-80gb"),
-])
+@pytest.mark.parametrize(
+    "device, expected",
+    [
+        (CPU, "cpu"),
+        (DeviceInfo("cuda", "Tesla T4", 14.74, False), "t4-16gb"),
+        (DeviceInfo("cuda", "NVIDIA L4", 22.0, True), "l4-24gb"),
+        (DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 31.7, False), "t4-16gb"),  # 32 GiB but no bf16: the fp16 tier
+        (DeviceInfo("cuda", "NVIDIA A100-SXM4-40GB", 39.4, True), "a100-40gb"),
+        (DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 79.1, True), "a100-80gb"),
+    ],
+)
 def test_auto_recipe_picks_the_largest_tier_the_card_runs_as_shipped(device, expected):
     name, why = auto_recipe(device)
     assert name == expected and "\n" not in why
@@ -292,7 +350,8 @@ def test_presets_into_a_closed_pipe_has_no_traceback():
     """`grpo-kit presets | head -1`: the reader is gone before the table is written."""
     read_end, write_end = os.pipe()
     os.close(read_end)  # every write now fails with EPIPE (Python ignores SIGPIPE, so BrokenPipeError)
-    proc = subprocess.run([sys.executable, "-m", "grpo_kit", "presets"], stdout=write_end, stderr=subprocess.PIPE,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_kit", "presets"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+    )
     os.close(write_end)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr

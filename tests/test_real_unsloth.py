@@ -83,7 +83,8 @@ def unsloth_loader(monkeypatch):
 
 
 def unsloths_config(cls) -> bool:
-    """Unsloth's generated config: a subclass of TRL's ``GRPOConfig`` that takes TRL's name and module (for pickling)."""
+    """Unsloth's generated config: a subclass of TRL's ``GRPOConfig`` that takes TRL's name and module (for
+    pickling)."""
     return cls.__mro__[1].__qualname__ == cls.__qualname__ == "GRPOConfig" and cls is not cls.__mro__[1]
 
 

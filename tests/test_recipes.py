@@ -37,25 +37,30 @@ def test_trl_decides_the_batch_rule():
     # TRL derives the generation batch from steps_per_generation: 1 x 1 x 4 = 4 completions = one group of G=4
     recipe = load_recipe("t4-16gb", gradient_accumulation_steps=3, steps_per_generation=4)
     assert recipe.grpo.generation_batch_size == 4 and recipe.prompts_per_step == 1
-    with pytest.raises(GrpoKitError, match=r"t4-16gb: generation_batch_size \(3\) must be divisible by num_generations"):
+    with pytest.raises(
+        GrpoKitError, match=r"t4-16gb: generation_batch_size \(3\) must be divisible by num_generations"
+    ):
         load_recipe("t4-16gb", gradient_accumulation_steps=3)
     with pytest.raises(GrpoKitError, match="at least 2 generations"):
         load_recipe("cpu", num_generations=1)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    ({"learning_rate": "fast"}, "learning_rate: invalid float value: 'fast'"),
-    ({"backend": "jax"}, "backend: invalid choice: 'jax'"),
-    ({"lora_target_modules": []}, "lora_target_modules: expected at least one argument"),
-    ({"max_steps": [1, 2]}, "max_steps expects one value"),
-    ({"learning_rate": float("nan")}, "learning_rate is nan; every number must be finite"),
-    ({"learning_rat": 1e-5}, "unknown field.*learning_rat -> learning_rate"),
-    ({"reward_weights": [1.0]}, "3 reward_funcs .* but 1 reward_weights"),
-    ({"reward_funcs": ["corectness"], "reward_weights": [1.0]}, "unknown reward 'corectness'"),
-    ({"max_completion_length": 4096}, "exceeds max_seq_length"),
-    ({"use_peft": False}, "use_peft=False cannot work here: grpo-kit trains LoRA adapters"),
-    ({"remove_unused_columns": True}, "the rewards read the answer column"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"learning_rate": "fast"}, "learning_rate: invalid float value: 'fast'"),
+        ({"backend": "jax"}, "backend: invalid choice: 'jax'"),
+        ({"lora_target_modules": []}, "lora_target_modules: expected at least one argument"),
+        ({"max_steps": [1, 2]}, "max_steps expects one value"),
+        ({"learning_rate": float("nan")}, "learning_rate is nan; every number must be finite"),
+        ({"learning_rat": 1e-5}, "unknown field.*learning_rat -> learning_rate"),
+        ({"reward_weights": [1.0]}, "3 reward_funcs .* but 1 reward_weights"),
+        ({"reward_funcs": ["corectness"], "reward_weights": [1.0]}, "unknown reward 'corectness'"),
+        ({"max_completion_length": 4096}, "exceeds max_seq_length"),
+        ({"use_peft": False}, "use_peft=False cannot work here: grpo-kit trains LoRA adapters"),
+        ({"remove_unused_columns": True}, "the rewards read the answer column"),
+    ],
+)
 def test_bad_values_are_refused_in_one_line_naming_the_field(change, message):
     with pytest.raises(GrpoKitError, match=message) as error:
         load_recipe("cpu", **change)
@@ -116,7 +121,11 @@ def test_unknown_recipe_name_lists_the_shipped_ones():
 
 def test_set_values_are_read_as_json_else_text():
     assert parse_set(["beta=0.1", "loss_type=grpo", "log_completions=false", "reward_funcs=a,b"]) == {
-        "beta": 0.1, "loss_type": "grpo", "log_completions": False, "reward_funcs": "a,b"}
+        "beta": 0.1,
+        "loss_type": "grpo",
+        "log_completions": False,
+        "reward_funcs": "a,b",
+    }
     with pytest.raises(GrpoKitError, match="KEY=VALUE"):
         parse_set(["beta"])
 
@@ -132,11 +141,14 @@ def test_cli_set_output_dir_is_refused_in_favour_of_output(capsys):
     assert "--output DIR" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"reward_weights": [1.0, float("nan"), 0.0]}, "reward_weights is nan; every number must be finite"),
-    ({"reward_weights": [0.0, 0.0, 0.0]}, "every reward weight is 0"),
-    ({"learning_rate": 1e10}, "learning_rate=10000000000.0 cannot be meant"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"reward_weights": [1.0, float("nan"), 0.0]}, "reward_weights is nan; every number must be finite"),
+        ({"reward_weights": [0.0, 0.0, 0.0]}, "every reward weight is 0"),
+        ({"learning_rate": 1e10}, "learning_rate=10000000000.0 cannot be meant"),
+    ],
+)
 def test_values_no_run_can_mean_are_refused(changes, message):
     with pytest.raises(GrpoKitError, match=re.escape(message)):
         load_recipe("cpu", **changes)

@@ -78,10 +78,32 @@ def shared(tiny_model_dir, tmp_path_factory):
     """The whole user journey with a fake token set; returns the folders, the exit codes and everything printed."""
     root = tmp_path_factory.mktemp("journey")
     run_dir, exports = root / "run", root / "exports"
-    tiny = ["--preset", "cpu", "--set", f"model_name_or_path={tiny_model_dir}", "--data", "arithmetic",
-            "--set", "reward_funcs=format", "--set", "reward_weights=[1]", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8",
-            "--set", "few_shot=0", "--set", "save_steps=1", "--set", "max_steps=2",
-            "--set", "report_to=tensorboard"]  # its event files are scanned too  # fmt: skip
+    tiny = [
+        "--preset",
+        "cpu",
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--data",
+        "arithmetic",
+        "--set",
+        "reward_funcs=format",
+        "--set",
+        "reward_weights=[1]",
+        "--set",
+        "num_generations=2",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--set",
+        "max_completion_length=8",
+        "--set",
+        "few_shot=0",
+        "--set",
+        "save_steps=1",
+        "--set",
+        "max_steps=2",
+        "--set",
+        "report_to=tensorboard",
+    ]  # its event files are scanned too
 
     def leaky_create_repo(api, repo_id, **kwargs):  # a server error that echoes the credentials back
         raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={api.token})")
@@ -94,12 +116,44 @@ def shared(tiny_model_dir, tmp_path_factory):
         with capture_everything(root / "fd-output.txt") as output:
             codes = {
                 "train": main(["train", *tiny, "--output", str(run_dir)]),
-                "export": main(["export", "--adapter", str(run_dir / "adapter"), "--format", "lora,merged16",
-                                "--out-dir", str(exports), "--name", "tiny"]),  # fmt: skip
-                "push": main(["export", "--adapter", str(run_dir / "adapter"), "--out-dir", str(exports),
-                              "--name", "pushed", "--push-to-hub", "someone/grpo-kit-test"]),  # fmt: skip
-                "bad_model": main(["train", *tiny[:2], "--set", "model_name_or_path=someone/private-model",
-                                   "--data", "sample", "--output", str(root / "never")]),  # fmt: skip
+                "export": main(
+                    [
+                        "export",
+                        "--adapter",
+                        str(run_dir / "adapter"),
+                        "--format",
+                        "lora,merged16",
+                        "--out-dir",
+                        str(exports),
+                        "--name",
+                        "tiny",
+                    ]
+                ),
+                "push": main(
+                    [
+                        "export",
+                        "--adapter",
+                        str(run_dir / "adapter"),
+                        "--out-dir",
+                        str(exports),
+                        "--name",
+                        "pushed",
+                        "--push-to-hub",
+                        "someone/grpo-kit-test",
+                    ]
+                ),
+                "bad_model": main(
+                    [
+                        "train",
+                        *tiny[:2],
+                        "--set",
+                        "model_name_or_path=someone/private-model",
+                        "--data",
+                        "sample",
+                        "--output",
+                        str(root / "never"),
+                    ]
+                ),
             }
             printed = output()
     return SimpleNamespace(run_dir=run_dir, exports=exports, codes=codes, printed=printed)
@@ -150,8 +204,11 @@ def test_trust_remote_code_is_never_on(monkeypatch):
         raise Stop
 
     monkeypatch.setattr(models, "_from_pretrained", record)
-    for load in (lambda: models.load_inference_model("someone/model"), lambda: models.load_tokenizer("someone/model"),
-                 lambda: models.load_model(load_recipe("cpu", model_name_or_path="someone/model"))):
+    for load in (
+        lambda: models.load_inference_model("someone/model"),
+        lambda: models.load_tokenizer("someone/model"),
+        lambda: models.load_model(load_recipe("cpu", model_name_or_path="someone/model")),
+    ):
         with pytest.raises(Stop):
             load()
     assert seen == [False, False, False]
@@ -180,8 +237,13 @@ def test_sigkilled_export_leaves_nothing_that_looks_complete(shared, tmp_path):
     out = tmp_path / "exports"
     env = {**os.environ, "GRPO_KIT_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     adapter = shared.run_dir / "adapter"
-    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(adapter), str(out)], env=env,
-                            capture_output=True, text=True, timeout=300)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(adapter), str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
     left = sorted(p.name for p in out.iterdir())
     assert "cut" not in left  # no folder at the export's name

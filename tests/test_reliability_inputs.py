@@ -65,13 +65,21 @@ def test_bad_rows_stop_train_with_file_and_row(tmp_path, capsys, no_model_load, 
     assert not (tmp_path / "run").exists()  # nothing was created for a run that cannot start
 
 
-@pytest.mark.parametrize("bad_line", [b'{"question": "Q?", "answer": "#### 1"', b'{"question": "caf\xe9?", "answer": "#### 2"}',
-                                      json.dumps({"question": "Q2?", "answer": "#### 2"}).encode("utf-16")])
-def test_a_file_that_does_not_parse_stops_train_naming_the_file_and_its_format(tmp_path, capsys, no_model_load,
-                                                                               bad_line):
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        b'{"question": "Q?", "answer": "#### 1"',
+        b'{"question": "caf\xe9?", "answer": "#### 2"}',
+        json.dumps({"question": "Q2?", "answer": "#### 2"}).encode("utf-16"),
+    ],
+)
+def test_a_file_that_does_not_parse_stops_train_naming_the_file_and_its_format(
+    tmp_path, capsys, no_model_load, bad_line
+):
     path = _jsonl(tmp_path / "train.jsonl", [GOOD, bad_line, GOOD])
-    err = _cli_error(capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"),
-                              "--lenient"])  # fmt: skip
+    err = _cli_error(
+        capsys, ["train", "--preset", "cpu", "--data", str(path), "--output", str(tmp_path / "run"), "--lenient"]
+    )
     assert str(path) in err and "one JSON object per line" in err
     assert not (tmp_path / "run").exists()
 
@@ -124,11 +132,16 @@ def test_too_few_prompts_for_one_step_is_refused(tmp_path):
 
 def test_too_little_data_counts_the_batch_as_trl_does_with_steps_per_generation(tmp_path):
     """TRL's generation batch is batch x steps_per_generation (accumulation only by default): 1 x 4 / 4 = 1 prompt."""
-    config = load_recipe("t4-16gb", output_dir=str(tmp_path), gradient_accumulation_steps=3, steps_per_generation=4).grpo
+    config = load_recipe(
+        "t4-16gb", output_dir=str(tmp_path), gradient_accumulation_steps=3, steps_per_generation=4
+    ).grpo
     check_dataset_size(1, config, source="one.jsonl")
     config = load_recipe("t4-16gb", output_dir=str(tmp_path), steps_per_generation=8).grpo
-    with pytest.raises(GrpoKitError, match=r"needs 2 distinct prompts \(generation batch 8 = per_device_train_batch_size "
-                       r"1 x steps_per_generation 8, in groups of num_generations=4\)"):
+    with pytest.raises(
+        GrpoKitError,
+        match=r"needs 2 distinct prompts \(generation batch 8 = per_device_train_batch_size "
+        r"1 x steps_per_generation 8, in groups of num_generations=4\)",
+    ):
         check_dataset_size(1, config, source="one.jsonl")
 
 
@@ -151,8 +164,14 @@ def test_gigantic_prompts_are_dropped_and_a_set_left_too_small_is_refused(tiny_m
     ]
     path = tmp_path / "huge.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), num_generations=2, per_device_train_batch_size=4,
-                         few_shot=0, max_completion_length=8)
+    recipe = load_recipe(
+        "cpu",
+        model_name_or_path=str(tiny_model_dir),
+        num_generations=2,
+        per_device_train_batch_size=4,
+        few_shot=0,
+        max_completion_length=8,
+    )
     with pytest.raises(GrpoKitError) as info:
         train(recipe, data=str(path), output_dir=tmp_path / "run")
     message = str(info.value)

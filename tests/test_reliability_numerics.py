@@ -43,8 +43,15 @@ def _args(fp16=False):
 
 
 def test_non_finite_checks_loss_grad_norm_and_every_reward():
-    logs = {"loss": 0.1, "grad_norm": INF, "reward": 0.5, "rewards/correctness/mean": NAN, "rewards/format/std": NAN,
-            "learning_rate": NAN, "epoch": 1.0}  # fmt: skip
+    logs = {
+        "loss": 0.1,
+        "grad_norm": INF,
+        "reward": 0.5,
+        "rewards/correctness/mean": NAN,
+        "rewards/format/std": NAN,
+        "learning_rate": NAN,
+        "epoch": 1.0,
+    }
     assert [name for name, _ in non_finite(logs)] == ["grad_norm", "reward/correctness"]
     assert non_finite({"loss": 0.0, "reward": -1.5, "rewards/x/mean": 2}) == []
 
@@ -139,7 +146,10 @@ def test_a_reward_that_raises_is_named_with_its_step_and_traceback_file(tmp_path
     message = str(info.value)
     assert "'broken' raised ValueError: cannot parse 'x' at step 4" in message and "'some text'" in message
     assert f"Full traceback: {tmp_path / 'reward-error.txt'}" in message
-    assert "cannot parse" in (tmp_path / "reward-error.txt").read_text() and "Traceback" in (tmp_path / "reward-error.txt").read_text()
+    assert (
+        "cannot parse" in (tmp_path / "reward-error.txt").read_text()
+        and "Traceback" in (tmp_path / "reward-error.txt").read_text()
+    )
 
 
 def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):
@@ -177,9 +187,20 @@ def test_nan_losses_reach_the_logs():
 
 
 def _tiny(tiny_model_dir, reward: str, **changes):
-    settings = dict(model_name_or_path=str(tiny_model_dir), reward_funcs=[reward], reward_weights=[1.0], max_steps=3, num_generations=2, per_device_train_batch_size=2,
-                    gradient_accumulation_steps=1, max_completion_length=8, learning_rate=0.05, save_steps=1,
-                    logging_steps=1, few_shot=0)  # fmt: skip
+    settings = dict(
+        model_name_or_path=str(tiny_model_dir),
+        reward_funcs=[reward],
+        reward_weights=[1.0],
+        max_steps=3,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        learning_rate=0.05,
+        save_steps=1,
+        logging_steps=1,
+        few_shot=0,
+    )
     settings.update(changes)
     return load_recipe("cpu", **settings)
 
@@ -241,7 +262,9 @@ def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir,
     """lr 1e30 without clipping: step 1 blows the weights up, step 2's generation then samples from NaN."""
     from grpo_kit import config
 
-    monkeypatch.delitem(config.MEANT_VALUES, "learning_rate")  # the recipe check refuses such a rate: here it must get through
+    monkeypatch.delitem(
+        config.MEANT_VALUES, "learning_rate"
+    )  # the recipe check refuses such a rate: here it must get through
     run_dir = tmp_path / "run"
     recipe = _tiny(tiny_model_dir, varied_reward, learning_rate=1e30, max_grad_norm=0.0)
     with pytest.raises(NumericsError) as info:

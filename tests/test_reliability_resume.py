@@ -26,11 +26,27 @@ from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
 TINY = [
-    "--preset", "cpu", "--data", "arithmetic", "--set", "reward_funcs=format", "--set", "reward_weights=[1]",
-    "--set", "num_generations=2",
-    "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
-    "--set", "save_steps=1", "--set", "logging_steps=1",
-]  # fmt: skip
+    "--preset",
+    "cpu",
+    "--data",
+    "arithmetic",
+    "--set",
+    "reward_funcs=format",
+    "--set",
+    "reward_weights=[1]",
+    "--set",
+    "num_generations=2",
+    "--set",
+    "per_device_train_batch_size=2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "few_shot=0",
+    "--set",
+    "save_steps=1",
+    "--set",
+    "logging_steps=1",
+]
 KILL_AFTER_STEP = 2
 START_TIMEOUT_S = 300
 
@@ -43,8 +59,19 @@ def _env() -> dict:
 
 def _train_until_killed(model_dir, run_dir) -> int:
     """Start a long CLI run, SIGKILL it once a complete checkpoint >= KILL_AFTER_STEP exists; return that step."""
-    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model_name_or_path={model_dir}", "--set", "max_steps=1000",
-           "--output", str(run_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        "train",
+        *TINY,
+        "--set",
+        f"model_name_or_path={model_dir}",
+        "--set",
+        "max_steps=1000",
+        "--output",
+        str(run_dir),
+    ]
     log = open(run_dir.parent / "killed-run.log", "wb")  # noqa: SIM115 - closed below, after the kill
     process = subprocess.Popen(cmd, env=_env(), stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -103,8 +130,19 @@ def test_sigkilled_run_resumes_from_the_last_complete_checkpoint(tiny_model_dir,
     assert latest_checkpoint(run_dir).name == f"checkpoint-{last}"  # neither half-written folder is picked
 
     target = last + 2
-    code = main(["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", f"max_steps={target}",
-                 "--output", str(run_dir), "--resume"])  # fmt: skip
+    code = main(
+        [
+            "train",
+            *TINY,
+            "--set",
+            f"model_name_or_path={tiny_model_dir}",
+            "--set",
+            f"max_steps={target}",
+            "--output",
+            str(run_dir),
+            "--resume",
+        ]
+    )
     assert code == 0, capsys.readouterr().err[-3000:]
     assert f"steps: {target}" in capsys.readouterr().out
 
@@ -128,10 +166,20 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_with_resume(tiny_mod
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
     (run_dir / "run.json").write_text(json.dumps({"recipe": {"name": "cpu"}}))
     (run_dir / "checkpoint-1").mkdir()  # killed while saving: no trainer_state.json
-    argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", "max_steps=1",
-            "--output", str(run_dir)]  # fmt: skip
+    argv = [
+        "train",
+        *TINY,
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--set",
+        "max_steps=1",
+        "--output",
+        str(run_dir),
+    ]
     assert main(argv) == 2 and "--resume" in capsys.readouterr().err  # a new run is not written over it
-    with pytest.warns(UserWarning, match=r"no complete checkpoint .*checkpoint-1: no trainer_state.json.*attempt\.old-"):
+    with pytest.warns(
+        UserWarning, match=r"no complete checkpoint .*checkpoint-1: no trainer_state.json.*attempt\.old-"
+    ):
         assert main([*argv, "--resume"]) == 0
     assert "steps: 1" in capsys.readouterr().out
     (aside,) = run_dir.glob("attempt.old-*")
@@ -165,11 +213,24 @@ def test_extending_a_finished_run_continues_the_schedule_for_the_new_max_steps(t
 def test_sigterm_stops_a_run_like_ctrl_c_and_releases_the_lock(tiny_model_dir, tmp_path):
     """SIGTERM is what Colab and job schedulers send: one line, exit 143, the lock gone, the run resumable."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "grpo_kit", "train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}",
-           "--set", "max_steps=1000", "--output", str(run_dir)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "grpo_kit",
+        "train",
+        *TINY,
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--set",
+        "max_steps=1000",
+        "--output",
+        str(run_dir),
+    ]
     process = subprocess.Popen(cmd, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline and process.poll() is None and not (run_dir.is_dir() and latest_checkpoint(run_dir)):
+    while (
+        time.monotonic() < deadline and process.poll() is None and not (run_dir.is_dir() and latest_checkpoint(run_dir))
+    ):
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=120)
@@ -192,8 +253,16 @@ def test_a_full_disk_at_a_checkpoint_keeps_the_one_before_for_resume(tiny_model_
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1536 vs 1474")
         return real_save(obj, path, *args, **kwargs)
 
-    argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--set", "max_steps=3",
-            "--output", str(run_dir)]  # fmt: skip
+    argv = [
+        "train",
+        *TINY,
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--set",
+        "max_steps=3",
+        "--output",
+        str(run_dir),
+    ]
     monkeypatch.setattr(torch, "save", full_at_step_2)
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -38,6 +38,7 @@ def _cli_error(capsys, argv) -> str:
 
 def _strict_json(text: str):
     """``json.loads`` that refuses NaN/Infinity, as every non-Python JSON reader does."""
+
     def refuse(token):
         raise ValueError(f"invalid JSON token {token}")
 
@@ -83,8 +84,20 @@ def test_export_refuses_an_adapter_with_nan_weights(fmt, tiny_model_dir, make_ad
     adapter = make_adapter(tiny_model_dir, tmp_path / "run" / "adapter")
     tensor = _poison(adapter)
     before = (adapter / "adapter_model.safetensors").read_bytes()
-    err = _cli_error(capsys, ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--format", fmt,
-                              "--out-dir", str(tmp_path / "exports")])  # fmt: skip
+    err = _cli_error(
+        capsys,
+        [
+            "export",
+            "--adapter",
+            str(adapter),
+            "--model",
+            str(tiny_model_dir),
+            "--format",
+            fmt,
+            "--out-dir",
+            str(tmp_path / "exports"),
+        ],
+    )
     assert "NaN/inf weights" in err and tensor in err and "--set learning_rate=" in err
     assert not (tmp_path / "exports" / "run").exists()
     assert (adapter / "adapter_model.safetensors").read_bytes() == before  # nothing lost
@@ -114,8 +127,9 @@ def fake_run(fake_checkpoint):
     def make(run_dir, steps: int):
         run_dir.mkdir(parents=True)
         (run_dir / "run.json").write_text(json.dumps({"recipe": dict(load_recipe("cpu", max_steps=steps).values)}))
-        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n"
-                                                       for s in range(1, steps + 1)))  # fmt: skip
+        (run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(1, steps + 1))
+        )
         for step in range(1, steps + 1):
             fake_checkpoint(run_dir, step)
         shutil.copytree(run_dir / f"checkpoint-{steps}", run_dir / "adapter")
@@ -127,15 +141,30 @@ def fake_run(fake_checkpoint):
 def snapshot(folder) -> dict:
     """Every file under ``folder`` with its bytes: equal snapshots mean nothing was changed, added or removed (but
     the lock file, which stays once a run has locked the folder: the OS lock is on it, not in it)."""
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in (LOCK_NAME, PID_NAME)}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name not in (LOCK_NAME, PID_NAME)
+    }
 
 
-TINY_CLI = ["--preset", "cpu", "--data", "sample", "--set", "num_generations=2", "--set", "per_device_train_batch_size=2",
-            "--set", "max_completion_length=8", "--set", "few_shot=0"]  # fmt: skip
+TINY_CLI = [
+    "--preset",
+    "cpu",
+    "--data",
+    "sample",
+    "--set",
+    "num_generations=2",
+    "--set",
+    "per_device_train_batch_size=2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "few_shot=0",
+]
 
 
-# ------------------------------------------------------------------------------------------------ 2. non-finite settings
+# -------------------------------------------------------------------------------------------- 2. non-finite settings
 
 
 @pytest.mark.parametrize(
@@ -164,8 +193,11 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
         state = SimpleNamespace(global_step=step, is_world_process_zero=True)
         logger.on_log(None, state, None, logs={"loss": loss, "learning_rate": INF})
     rows = [_strict_json(line) for line in path.read_text().splitlines()]
-    assert [(row["step"], row["loss"], row["learning_rate"]) for row in rows] == [(1, 0.5, None), (2, None, None),
-                                                                                  (3, None, None)]
+    assert [(row["step"], row["loss"], row["learning_rate"]) for row in rows] == [
+        (1, 0.5, None),
+        (2, None, None),
+        (3, None, None),
+    ]
     truncate_metrics(path, 2)
     assert [_strict_json(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
@@ -186,8 +218,10 @@ def test_an_exploded_adapter_is_neither_a_finished_run_nor_exported(tmp_path, ti
     run_dir = tmp_path / "run"
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
     tensor = _poison(adapter, 1.3e10)
-    err = _cli_error(capsys, ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--out-dir",
-                              str(tmp_path / "exports")])  # fmt: skip
+    err = _cli_error(
+        capsys,
+        ["export", "--adapter", str(adapter), "--model", str(tiny_model_dir), "--out-dir", str(tmp_path / "exports")],
+    )
     assert "weights beyond 1000" in err and tensor in err and not (tmp_path / "exports").exists()
     with pytest.raises(NumericsError, match="final adapter.*beyond 1000.*damaged-adapter.old-"):
         check_saved_adapter(adapter, run_dir, 1)
@@ -214,7 +248,8 @@ def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_p
     result = train(load_recipe("cpu", max_steps=2), data="sample", output_dir=run_dir, resume=True)
     assert result.already_finished and result.steps == 2
     assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
-        run_dir / "checkpoint-2" / "adapter_model.safetensors").read_bytes()
+        run_dir / "checkpoint-2" / "adapter_model.safetensors"
+    ).read_bytes()
     assert not (result.adapter_dir / "optimizer.pt").exists()
 
 
@@ -223,8 +258,10 @@ def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_p
 
 def hold_run_lock(run_dir):
     """Another process that takes ``run_dir``'s lock as ``train`` does, then sleeps (it holds the lock on return)."""
-    code = ("import sys, time; from pathlib import Path; from grpo_kit import runs; "
-            "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from pathlib import Path; from grpo_kit import runs; "
+        "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)"
+    )
     process = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "locked\n"
     return process
@@ -238,8 +275,9 @@ def other_process(tmp_path):
     process.wait()
 
 
-def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(tmp_path, capsys, other_process,
-                                                                           no_model_load, fake_checkpoint):
+def test_second_process_on_a_run_folder_is_refused_with_the_first_ones_pid(
+    tmp_path, capsys, other_process, no_model_load, fake_checkpoint
+):
     run_dir = tmp_path / "run"
     err = _cli_error(capsys, ["train", *TINY_CLI, "--output", str(run_dir)])
     assert f"PID {other_process.pid}" in err and "another --output" in err
@@ -336,17 +374,40 @@ def test_typed_set_values_are_converted_to_the_field_type():
     changes = parse_set(["max_steps=3", "learning_rate=1e-4", "beta=0", "lr_scheduler_type=constant", "use_vllm=false"])
     config = load_recipe("cpu", **changes).grpo
     got = {k: getattr(config, k) for k in ("max_steps", "learning_rate", "beta", "lr_scheduler_type", "use_vllm")}
-    assert got == {"max_steps": 3, "learning_rate": 1e-4, "beta": 0.0, "lr_scheduler_type": "constant",
-                   "use_vllm": False}
+    assert got == {
+        "max_steps": 3,
+        "learning_rate": 1e-4,
+        "beta": 0.0,
+        "lr_scheduler_type": "constant",
+        "use_vllm": False,
+    }
     assert type(got["max_steps"]) is int and type(got["beta"]) is float
 
 
 # ------------------------------------------------------------------------------------------------ real tiny runs
 
-REAL = ["--preset", "cpu", "--data", "arithmetic", "--set", "reward_funcs=format", "--set", "reward_weights=[1]",
-        "--set", "num_generations=2",
-        "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
-        "--set", "save_steps=1", "--set", "logging_steps=1"]  # fmt: skip
+REAL = [
+    "--preset",
+    "cpu",
+    "--data",
+    "arithmetic",
+    "--set",
+    "reward_funcs=format",
+    "--set",
+    "reward_weights=[1]",
+    "--set",
+    "num_generations=2",
+    "--set",
+    "per_device_train_batch_size=2",
+    "--set",
+    "max_completion_length=8",
+    "--set",
+    "few_shot=0",
+    "--set",
+    "save_steps=1",
+    "--set",
+    "logging_steps=1",
+]
 
 
 @pytest.mark.slow
@@ -385,9 +446,20 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
 
     monkeypatch.setitem(REWARDS, "varied", varied)
     run_dir = tmp_path / "run"
-    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), max_steps=2, num_generations=2,
-                         per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=8,
-                         save_steps=1, logging_steps=1, few_shot=0, reward_funcs=["varied"], reward_weights=[1.0])
+    recipe = load_recipe(
+        "cpu",
+        model_name_or_path=str(tiny_model_dir),
+        max_steps=2,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        save_steps=1,
+        logging_steps=1,
+        few_shot=0,
+        reward_funcs=["varied"],
+        reward_weights=[1.0],
+    )
     with pytest.raises(NumericsError, match="final adapter.*damaged-adapter.old-") as info:
         train(recipe, data="arithmetic", output_dir=run_dir, callbacks=(OverflowLastUpdate(),))
     assert info.value.step == 2 and info.value.metric == "the final adapter"

@@ -24,8 +24,9 @@ GLIBC = (2, 35)  # Colab runs Ubuntu 22.04
 # What pip accepts on glibc 2.35 x86_64: manylinux_2_35 down to manylinux_2_5, the legacy aliases of 2_17/2_12/2_5,
 # and plain linux. Some wheels of this set exist only for old tags (nvidia-nccl-cu13: manylinux_2_18 only).
 LEGACY_ALIASES = {17: "manylinux2014_x86_64", 12: "manylinux2010_x86_64", 5: "manylinux1_x86_64"}
-PLATFORMS = [tag for minor in range(GLIBC[1], 4, -1)
-             for tag in (f"manylinux_2_{minor}_x86_64", LEGACY_ALIASES.get(minor)) if tag] + ["linux_x86_64"]
+PLATFORMS = [
+    tag for minor in range(GLIBC[1], 4, -1) for tag in (f"manylinux_2_{minor}_x86_64", LEGACY_ALIASES.get(minor)) if tag
+] + ["linux_x86_64"]
 PYPROJECT = REQUIREMENTS.with_name("pyproject.toml")
 
 
@@ -33,8 +34,11 @@ def _file_pins() -> dict[str, str]:
     """``{project: version}`` of every ``name==version`` line of requirements-colab.txt."""
     from grpo_kit.colab_install import read_requirements, requirement_name
 
-    return {requirement_name(line): line.split("==", 1)[1] for line in read_requirements(REQUIREMENTS)
-            if "==" in line and ";" not in line}
+    return {
+        requirement_name(line): line.split("==", 1)[1]
+        for line in read_requirements(REQUIREMENTS)
+        if "==" in line and ";" not in line
+    }
 
 
 def _pypi_reachable(timeout: float = 5.0) -> bool:
@@ -75,7 +79,8 @@ def resolved(request, tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.network
 def test_requirements_colab_resolves(resolved):
-    """pip finds one consistent set for Colab (``_resolve`` asserts that), and it holds what Unsloth and vLLM pull in."""
+    """pip finds one consistent set for Colab (``_resolve`` asserts that), and it holds what Unsloth and vLLM pull
+    in."""
     for name in ("unsloth-zoo", "datasets", "accelerate", "gguf", "xformers", "torchvision"):
         assert name in resolved, f"{name} is missing from the resolved set"
 

@@ -210,8 +210,8 @@ def test_answer_helpers_are_total(text, other):
     assert answers_match(text, other) == answers_match(other, text)
 
 
-# Adversarial inputs of about 100,000 characters: (head, repeated unit, repeats, tail). The rewards must take linear time
-# on them (DESIGN.md, reward contract): a regex that backtracks takes quadratic time, 64x for 8x the input.
+# Adversarial inputs of about 100,000 characters: (head, repeated unit, repeats, tail). The rewards must take linear
+# time on them (DESIGN.md, reward contract): a regex that backtracks takes quadratic time, 64x for 8x the input.
 LONG_INPUTS = {
     "open think x20000": ("", "<think>", 20_000, ""),
     "open answer x20000": ("", "<answer>", 20_000, ""),

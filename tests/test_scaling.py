@@ -40,10 +40,16 @@ def test_batch_rule_is_trls_and_refused_before_any_weights_load(no_model_load):
     """TRL's rule: the completions of one generation (batch x accumulation x processes) are whole groups of G."""
     with pytest.raises(GrpoKitError, match="divisible by num_generations"):
         load_recipe("cpu", per_device_train_batch_size=1, gradient_accumulation_steps=1, num_generations=4)
-    assert load_recipe("cpu", per_device_train_batch_size=1, gradient_accumulation_steps=4, num_generations=4).prompts_per_step == 1
+    assert (
+        load_recipe(
+            "cpu", per_device_train_batch_size=1, gradient_accumulation_steps=4, num_generations=4
+        ).prompts_per_step
+        == 1
+    )
 
 
 # ------------------------------------------------------------------------------------------------ 2 processes on CPU
+
 
 # The CLI with one extra reward registered: random text from a tiny model earns 0 under every built-in reward, and
 # a run where every group is flat has zero gradients, so nothing would show that the two copies trained together.
@@ -68,7 +74,9 @@ def test_weights_digest_tells_equal_weights_from_different_ones():
 
 # Every process calls save_adapter (the main one writes); the launcher makes each first write the digest of its own
 # copy of the LoRA weights, so the test can see that the data-parallel copies stayed identical.
-LAUNCHER = inspect.getsource(weights_digest) + """
+LAUNCHER = (
+    inspect.getsource(weights_digest)
+    + """
 import sys
 
 from peft import get_peft_model_state_dict
@@ -93,6 +101,7 @@ REWARDS["char_codes"] = char_codes
 save_adapter, runs.save_adapter = runs.save_adapter, save_adapter_and_digest
 raise SystemExit(main(sys.argv[1:]))
 """
+)
 
 
 @pytest.mark.slow
@@ -102,19 +111,50 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     from safetensors.torch import load_file
 
     from grpo_kit.files import read_metrics
+
     launcher = tmp_path / "launch_train.py"
     launcher.write_text(LAUNCHER)
     run_dir = tmp_path / "run"
     command = [
-        str(Path(sys.executable).with_name("accelerate")), "launch",
-        "--config_file", str(CONFIGS / "cpu-2proc.yaml"),
-        str(launcher), "train", "--preset", "cpu", "--set", f"model_name_or_path={tiny_model_dir}", "--data", "arithmetic",
-        "--set", "reward_funcs=char_codes", "--set", "reward_weights=[1.0]", "--set", "max_steps=2", "--set", "num_generations=2",
-        "--set", "per_device_train_batch_size=2", "--set", "max_completion_length=8", "--set", "few_shot=0",
-        "--set", "learning_rate=0.05", "--output", str(run_dir),
-    ]  # fmt: skip
-    env = {**os.environ, "GRPO_KIT_THREADS": "1", "OMP_NUM_THREADS": "1",
-           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+        str(Path(sys.executable).with_name("accelerate")),
+        "launch",
+        "--config_file",
+        str(CONFIGS / "cpu-2proc.yaml"),
+        str(launcher),
+        "train",
+        "--preset",
+        "cpu",
+        "--set",
+        f"model_name_or_path={tiny_model_dir}",
+        "--data",
+        "arithmetic",
+        "--set",
+        "reward_funcs=char_codes",
+        "--set",
+        "reward_weights=[1.0]",
+        "--set",
+        "max_steps=2",
+        "--set",
+        "num_generations=2",
+        "--set",
+        "per_device_train_batch_size=2",
+        "--set",
+        "max_completion_length=8",
+        "--set",
+        "few_shot=0",
+        "--set",
+        "learning_rate=0.05",
+        "--output",
+        str(run_dir),
+    ]
+    env = {
+        **os.environ,
+        "GRPO_KIT_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 

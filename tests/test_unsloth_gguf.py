@@ -22,7 +22,7 @@ from grpo_kit.export import export
 
 REPO = Path(__file__).resolve().parents[1]
 
-FAKE_UNSLOTH = '''
+FAKE_UNSLOTH = """
 import json, os
 from pathlib import Path
 
@@ -86,7 +86,7 @@ class FastLanguageModel:
         if not os.environ.get("FAKE_UNSLOTH_NO_LORA"):  # the old "merged model ignores the LoRA" bug
             model = PeftModel.from_pretrained(model, model_name).merge_and_unload()
         return _Merged(model), AutoTokenizer.from_pretrained(model_name)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -129,16 +129,18 @@ def test_unsloth_gguf_is_taken_from_the_returned_paths_and_verified(adapter, tin
 
 def test_several_gguf_types_take_one_unsloth_child_and_one_merge(adapter, tiny_model_dir, tmp_path, fake_unsloth):
     """Colab's disk: one merge of an 8B model is 16 GB, so every type asked for comes from one save_pretrained_gguf."""
-    results = export(adapter, ("gguf",), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", name="u",
-                     gguf_type="q8_0,f16")
+    results = export(
+        adapter, ("gguf",), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", name="u", gguf_type="q8_0,f16"
+    )
     assert [r.path.name for r in results] == ["u-q8_0.gguf", "u-f16.gguf"]
     calls = fake_unsloth()
     assert len([c for c in calls if "model_name" in c]) == 1  # one child process loaded the model once
     assert [c["quantization_method"] for c in calls if "quantization_method" in c] == [["q8_0", "f16"]]
 
 
-def test_unsloth_writing_no_file_fails_clearly_and_leaves_nothing(adapter, tiny_model_dir, tmp_path, fake_unsloth,
-                                                                  monkeypatch):
+def test_unsloth_writing_no_file_fails_clearly_and_leaves_nothing(
+    adapter, tiny_model_dir, tmp_path, fake_unsloth, monkeypatch
+):
     monkeypatch.setenv("FAKE_UNSLOTH_NO_FILES", "1")
     out = tmp_path / "exports"
     with pytest.raises(GrpoKitError, match="returned no .gguf file.*llama.cpp.*--format merged16"):
@@ -154,25 +156,30 @@ def test_unsloth_crash_reports_its_last_output(adapter, tiny_model_dir, tmp_path
     assert list(out.iterdir()) == []
 
 
-def test_gguf_without_a_gpu_is_refused_before_anything_loads_naming_the_way_out(adapter, tiny_model_dir, tmp_path,
-                                                                               monkeypatch):
+def test_gguf_without_a_gpu_is_refused_before_anything_loads_naming_the_way_out(
+    adapter, tiny_model_dir, tmp_path, monkeypatch
+):
     assert gguf_module.parse_names("F16, q4_k_m", gguf_module.GGUF_TYPES, "GGUF type(s)") == ["f16", "q4_k_m"]
     import grpo_kit.models as models
 
     monkeypatch.setattr(models, "load_tokenizer", lambda *a: pytest.fail("something was loaded"))
     with pytest.raises(GrpoKitError, match="llama.cpp.*no CUDA GPU.*--format merged16.*convert_hf_to_gguf"):
-        export(adapter, ("lora", "gguf"), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", gguf_type="q8_0")
+        export(
+            adapter, ("lora", "gguf"), base_model=str(tiny_model_dir), out_dir=tmp_path / "exports", gguf_type="q8_0"
+        )
     assert not (tmp_path / "exports").exists()
 
 
 def test_on_a_gpu_every_merged_format_comes_from_one_unsloth_child_loaded_as_the_run_trained(
-        adapter, tiny_model_dir, tmp_path, fake_unsloth):
+    adapter, tiny_model_dir, tmp_path, fake_unsloth
+):
     import shutil
 
     run = tmp_path / "run"  # the run trained in 4 bit (run.json): Unsloth loads it so, as a T4 holds an 8B model
     shutil.copytree(adapter, run / "adapter")
-    (run / "run.json").write_text(json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir),
-                                                         "load_in_4bit": True}}))
+    (run / "run.json").write_text(
+        json.dumps({"recipe": {"model_name_or_path": str(tiny_model_dir), "load_in_4bit": True}})
+    )
     out = tmp_path / "exports"
     results = export(run / "adapter", ("lora", "merged16", "gguf"), out_dir=out, name="t4", gguf_type="q8_0,f16")
 
@@ -193,8 +200,9 @@ def test_on_a_gpu_every_merged_format_comes_from_one_unsloth_child_loaded_as_the
     assert [c["load_in_4bit"] for c in calls if c.get("plain")] == [True]
 
 
-def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(adapter, tiny_model_dir, tmp_path, fake_unsloth,
-                                                                 monkeypatch):
+def test_unsloth_dropping_the_lora_is_caught_by_the_weight_check(
+    adapter, tiny_model_dir, tmp_path, fake_unsloth, monkeypatch
+):
     monkeypatch.setenv("FAKE_UNSLOTH_NO_LORA", "1")
     out = tmp_path / "exports"
     with pytest.raises(GrpoKitError, match="merged16.*(LoRA weights are missing|limit)"):

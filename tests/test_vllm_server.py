@@ -165,8 +165,21 @@ def test_cli_set_keys_select_server_mode(monkeypatch):
 
     monkeypatch.setattr(train_module, "train", fake_train)
     with pytest.raises(_Stop):
-        main(["train", "--preset", "cpu", "--set", "use_vllm=true", "--set", "vllm_mode=server", "--set",
-              "vllm_server_base_url=http://gpu0:8000", "--set", "backend=transformers"])
+        main(
+            [
+                "train",
+                "--preset",
+                "cpu",
+                "--set",
+                "use_vllm=true",
+                "--set",
+                "vllm_mode=server",
+                "--set",
+                "vllm_server_base_url=http://gpu0:8000",
+                "--set",
+                "backend=transformers",
+            ]
+        )
     g = seen[0].grpo
     assert (g.use_vllm, g.vllm_mode, g.vllm_server_base_url) == (True, "server", "http://gpu0:8000")
     assert seen[0].kit.backend == "transformers"

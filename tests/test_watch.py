@@ -1,4 +1,5 @@
-"""Watching GRPO learn: wrapped rewards keep their names, TRL's table of sampled completions, the zero-variance curve."""
+"""Watching GRPO learn: wrapped rewards keep their names, TRL's table of sampled completions, the zero-variance
+curve."""
 
 from __future__ import annotations
 
@@ -40,10 +41,21 @@ def test_train_shows_completions(tiny_model_dir, tmp_path, capsys, monkeypatch):
 
     monkeypatch.setitem(REWARDS, "toy_length", length)
     monkeypatch.setenv("COLUMNS", "200")  # rich's width off a terminal: the reward columns' names fit
-    recipe = load_recipe("cpu", model_name_or_path=str(tiny_model_dir), max_steps=1, num_generations=2,
-                         per_device_train_batch_size=2, gradient_accumulation_steps=1, max_completion_length=8,
-                         save_steps=1, few_shot=0, reward_funcs=["toy_length", "format_rate"], reward_weights=[1.0, 0.0],
-                         log_completions=True, num_completions_to_print=2)
+    recipe = load_recipe(
+        "cpu",
+        model_name_or_path=str(tiny_model_dir),
+        max_steps=1,
+        num_generations=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=1,
+        max_completion_length=8,
+        save_steps=1,
+        few_shot=0,
+        reward_funcs=["toy_length", "format_rate"],
+        reward_weights=[1.0, 0.0],
+        log_completions=True,
+        num_completions_to_print=2,
+    )
     train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if "Advantage" in line)  # TRL's table: a column per reward
@@ -53,9 +65,11 @@ def test_train_shows_completions(tiny_model_dir, tmp_path, capsys, monkeypatch):
 def test_zero_variance_share_is_plotted():
     from grpo_kit.plots import metrics_figure  # helper H's plotting module
 
-    rows = [{"step": 1, "reward": 0.1, "frac_reward_zero_std": 1.0}, {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.25}]
+    rows = [
+        {"step": 1, "reward": 0.1, "frac_reward_zero_std": 1.0},
+        {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.25},
+    ]
     fig = metrics_figure(rows)
     zero = fig.axes[2]
     assert zero.get_title() == "Groups that teach nothing"
     assert list(zero.lines[0].get_ydata()) == [1.0, 0.25]
-
