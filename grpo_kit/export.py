@@ -631,7 +631,7 @@ def export(
                 "base_model": merge_base,
                 "base_model_note": note,
                 "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
-                "lora_base": json.loads((adapter_dir / "adapter_config.json").read_bytes())["base_model_name_or_path"],
+                "lora_base": adapter_config(adapter_dir).base_model_name_or_path,
                 "folder": str(target),
                 "run": run or None,
                 "steps": steps,
