@@ -25,24 +25,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tiny_cli import tiny_train_args
 
 from grpo_kit.cli import main
 from grpo_kit.runs import PID_NAME
 
 MAX_ERROR_LINES = 15
 GOOD = {"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}
-TINY = [
-    "--preset",
-    "cpu",
-    "--set",
-    "num_generations=2",
-    "--set",
-    "per_device_train_batch_size=2",
-    "--set",
-    "max_completion_length=8",
-    "--set",
-    "few_shot=0",
-]
+TINY = tiny_train_args()
 PRELOAD_AREAS = {"data", "settings", "resume", "chat"}  # refused before any weights load
 
 

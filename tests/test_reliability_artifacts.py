@@ -22,6 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from tiny_cli import tiny_train_args
 
 from grpo_kit.cli import main
 from grpo_kit.export import export
@@ -78,32 +79,15 @@ def shared(tiny_model_dir, tmp_path_factory):
     """The whole user journey with a fake token set; returns the folders, the exit codes and everything printed."""
     root = tmp_path_factory.mktemp("journey")
     run_dir, exports = root / "run", root / "exports"
-    tiny = [
-        "--preset",
-        "cpu",
-        "--set",
-        f"model_name_or_path={tiny_model_dir}",
-        "--data",
+    tiny = tiny_train_args(  # its event files are scanned too
         "arithmetic",
-        "--set",
-        "reward_funcs=format",
-        "--set",
-        "reward_weights=[1]",
-        "--set",
-        "num_generations=2",
-        "--set",
-        "per_device_train_batch_size=2",
-        "--set",
-        "max_completion_length=8",
-        "--set",
-        "few_shot=0",
-        "--set",
-        "save_steps=1",
-        "--set",
-        "max_steps=2",
-        "--set",
-        "report_to=tensorboard",
-    ]  # its event files are scanned too
+        model_name_or_path=tiny_model_dir,
+        reward_funcs="format",
+        reward_weights="[1]",
+        save_steps=1,
+        max_steps=2,
+        report_to="tensorboard",
+    )
 
     def leaky_create_repo(api, repo_id, **kwargs):  # a server error that echoes the credentials back
         raise RuntimeError(f"401 Client Error for url https://huggingface.co/api/repos/create (token={api.token})")

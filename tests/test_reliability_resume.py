@@ -19,34 +19,14 @@ import time
 
 import pytest
 from filelock import FileLock
+from tiny_cli import tiny_train_args
 
 from grpo_kit.cli import main
 from grpo_kit.files import read_metrics
 from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
-TINY = [
-    "--preset",
-    "cpu",
-    "--data",
-    "arithmetic",
-    "--set",
-    "reward_funcs=format",
-    "--set",
-    "reward_weights=[1]",
-    "--set",
-    "num_generations=2",
-    "--set",
-    "per_device_train_batch_size=2",
-    "--set",
-    "max_completion_length=8",
-    "--set",
-    "few_shot=0",
-    "--set",
-    "save_steps=1",
-    "--set",
-    "logging_steps=1",
-]
+TINY = tiny_train_args("arithmetic", reward_funcs="format", reward_weights="[1]", save_steps=1, logging_steps=1)
 KILL_AFTER_STEP = 2
 START_TIMEOUT_S = 300
 

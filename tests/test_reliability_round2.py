@@ -16,6 +16,7 @@ import sys
 import pytest
 import torch
 from filelock import FileLock
+from tiny_cli import tiny_train_args
 
 from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
 from grpo_kit.cli import main
@@ -148,20 +149,7 @@ def snapshot(folder) -> dict:
     }
 
 
-TINY_CLI = [
-    "--preset",
-    "cpu",
-    "--data",
-    "sample",
-    "--set",
-    "num_generations=2",
-    "--set",
-    "per_device_train_batch_size=2",
-    "--set",
-    "max_completion_length=8",
-    "--set",
-    "few_shot=0",
-]
+TINY_CLI = tiny_train_args("sample")
 
 
 # -------------------------------------------------------------------------------------------- 2. non-finite settings
@@ -386,28 +374,7 @@ def test_typed_set_values_are_converted_to_the_field_type():
 
 # ------------------------------------------------------------------------------------------------ real tiny runs
 
-REAL = [
-    "--preset",
-    "cpu",
-    "--data",
-    "arithmetic",
-    "--set",
-    "reward_funcs=format",
-    "--set",
-    "reward_weights=[1]",
-    "--set",
-    "num_generations=2",
-    "--set",
-    "per_device_train_batch_size=2",
-    "--set",
-    "max_completion_length=8",
-    "--set",
-    "few_shot=0",
-    "--set",
-    "save_steps=1",
-    "--set",
-    "logging_steps=1",
-]
+REAL = tiny_train_args("arithmetic", reward_funcs="format", reward_weights="[1]", save_steps=1, logging_steps=1)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tiny_cli import tiny_train_args
 
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
@@ -122,28 +123,14 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
         str(CONFIGS / "cpu-2proc.yaml"),
         str(launcher),
         "train",
-        "--preset",
-        "cpu",
-        "--set",
-        f"model_name_or_path={tiny_model_dir}",
-        "--data",
-        "arithmetic",
-        "--set",
-        "reward_funcs=char_codes",
-        "--set",
-        "reward_weights=[1.0]",
-        "--set",
-        "max_steps=2",
-        "--set",
-        "num_generations=2",
-        "--set",
-        "per_device_train_batch_size=2",
-        "--set",
-        "max_completion_length=8",
-        "--set",
-        "few_shot=0",
-        "--set",
-        "learning_rate=0.05",
+        *tiny_train_args(
+            "arithmetic",
+            model_name_or_path=tiny_model_dir,
+            reward_funcs="char_codes",
+            reward_weights="[1.0]",
+            max_steps=2,
+            learning_rate=0.05,
+        ),
         "--output",
         str(run_dir),
     ]
