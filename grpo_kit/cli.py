@@ -61,34 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
     )
-    p.add_argument("--curriculum", metavar="SCORES", help="scores from `grpo-kit curriculum` to order/filter prompts")
-    p.add_argument(
-        "--zero-variance",
-        choices=("keep", "drop"),
-        help="questions whose sampled rewards were all equal (default: keep)",
-    )
     p.set_defaults(handler=("train", "cli_train"))
-
-    p = sub.add_parser(
-        "curriculum",
-        help="score training questions by answer agreement and reward variance",
-        description="Samples --samples answers per question with the recipe's model, prompt format, "
-        "completion length, temperature and rewards (change any with --set KEY=VALUE).",
-    )
-    p.add_argument(
-        "--data", default="sample", help="training data, as for train: 'sample', 'arithmetic', 'gsm8k' or a path"
-    )
-    p.add_argument("--preset", default="cpu", help="a shipped recipe, or your own recipe YAML file")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="change one recipe field")
-    p.add_argument(
-        "--adapter", help="LoRA adapter on top of the recipe's model, to re-score with a partly trained model"
-    )
-    p.add_argument("--samples", type=int, default=4, help="answers sampled per question (M)")
-    p.add_argument(
-        "--limit", type=int, help="score the first N questions (after a shuffle seeded by the recipe's seed)"
-    )
-    p.add_argument("--out", help="scores file (default: next to the data, <name>.curriculum.jsonl)")
-    p.set_defaults(handler=("curriculum", "cli_curriculum"))
 
     p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
     p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
@@ -100,12 +73,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
-    p.add_argument(
-        "--harness",
-        metavar="TASK",
-        help="run lm-evaluation-harness's gsm8k_cot task instead of the kit's "
-        "protocol (pip install 'grpo-kit[harness]')",
-    )
     p.set_defaults(handler=("evaluate", "cli_eval"))
 
     p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")

@@ -1,4 +1,4 @@
-"""Held-out accuracy before and after training (with its statistics), lm-eval's gsm8k_cot task, and chat.
+"""Held-out accuracy before and after training (with its statistics), and chat.
 
 The kit's protocol, stored as a sentence next to every number because the protocol alone moves GSM8K scores by many
 points: the prompt exactly as training renders it (``data.build_messages`` + ``data.render_prompt`` + prefill), greedy
@@ -381,102 +381,6 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
     return "\n".join([*lines, f"protocol ({names[0]}): {base.protocol}", f"protocol ({names[1]}): {tuned.protocol}"])
 
 
-# ------------------------------------------------------------------------------------------------ lm-eval harness
-# Published GSM8K figures mostly come from lm-evaluation-harness's tasks, another protocol (not comparable with the
-# kit's). The kit runs `gsm8k_cot` (8 fixed chain-of-thought examples, "The answer is N"; lm-eval's `gsm8k` would need
-# the GSM8K train split for its examples), as exact_match under strict-match and flexible-extract (last number). lm-eval
-# is an optional extra. The task's Hub dataset is replaced by a JSON file of the chosen questions, so it runs offline.
-
-HARNESS_TASK = "gsm8k_cot"  # the one lm-eval task the kit runs
-LM_EVAL_VERSION = "0.4.13"  # the release the task overrides were written against (the `harness` extra)
-
-
-@dataclass(frozen=True)
-class HarnessResult:
-    """lm-eval's exact_match under its two filters (fractions in 0..1), labelled with the protocol."""
-
-    task: str
-    strict_match: float
-    flexible_extract: float
-    n: int
-    protocol: str
-    label: str = ""
-
-    def summary(self) -> str:
-        return (
-            f"{self.task}: strict-match {100 * self.strict_match:.1f} % | "
-            f"flexible-extract {100 * self.flexible_extract:.1f} % | n={self.n}"
-        )
-
-    def save(self, path: str | os.PathLike) -> Path:
-        return atomic_write_text(path, json.dumps(asdict(self), indent=2) + "\n")
-
-
-def task_config(task_manager, test_file: Path) -> dict[str, Any]:
-    """lm-eval's registered config of ``HARNESS_TASK``, its dataset replaced by a local JSON file (no Hub access)."""
-    from lm_eval.tasks._yaml_loader import load_yaml
-
-    entry = task_manager.task_index.get(HARNESS_TASK)
-    if entry is None or entry.yaml_path is None:
-        raise GrpoKitError(f"The installed lm-eval has no task {HARNESS_TASK!r}; install lm-eval=={LM_EVAL_VERSION}.")
-    config = load_yaml(entry.yaml_path, resolve_func=True)
-    data_files = {config["test_split"]: str(test_file)}
-    return {**config, "dataset_path": "json", "dataset_name": None, "dataset_kwargs": {"data_files": data_files}}
-
-
-def evaluate_harness(
-    model: str,
-    dataset,
-    *,
-    adapter: str | os.PathLike | None = None,
-    max_new_tokens: int = 256,
-    batch_size: int = 8,
-    label: str = "",
-) -> HarnessResult:
-    """lm-eval's ``HARNESS_TASK`` on the questions of ``dataset`` for ``model`` (+ ``adapter``), loaded as the kit's
-    protocol loads it (``models.load_inference_model``: float32 on a CPU, 16 bits on a GPU) and handed to ``HFLM``."""
-    from grpo_kit.models import load_inference_model
-
-    try:
-        import lm_eval
-        from lm_eval.models.huggingface import HFLM
-        from lm_eval.tasks import TaskManager
-    except ImportError as error:
-        raise GrpoKitError(
-            f"--harness needs lm-evaluation-harness, an optional extra: pip install 'grpo-kit[harness]' "
-            f"(lm-eval=={LM_EVAL_VERSION}). The kit's own protocol needs nothing more: leave out --harness."
-        ) from error
-    loaded, tokenizer = load_inference_model(model, adapter)  # checks the adapter first
-    lm = HFLM(pretrained=loaded, tokenizer=tokenizer, batch_size=batch_size)
-    # Index only lm-eval's gsm8k folder: scanning every built-in task takes longer than a short CPU run.
-    manager = TaskManager(include_path=str(Path(lm_eval.__file__).parent / "tasks" / "gsm8k"), include_defaults=False)
-    with tempfile.TemporaryDirectory(prefix="grpo-kit-harness-") as folder:
-        test_file = Path(folder) / "test.jsonl"
-        dataset.select_columns(["question", "answer"]).to_json(test_file)  # JSON lines
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            tasks=[task_config(manager, test_file)],
-            task_manager=manager,
-            gen_kwargs={"max_gen_toks": max_new_tokens},
-            log_samples=False,
-            bootstrap_iters=0,
-        )
-    row = results["results"][HARNESS_TASK]
-    protocol = (
-        f"lm-evaluation-harness {lm_eval.__version__} task {HARNESS_TASK} (8 fixed chain-of-thought examples, "
-        f"'Q: ... A:' prompts, no chat template), n={len(dataset)}, greedy, max_gen_toks={max_new_tokens}; "
-        "strict-match = 'The answer is N', flexible-extract = last number-like string; exact_match"
-    )
-    return HarnessResult(
-        HARNESS_TASK,
-        float(row["exact_match,strict-match"]),
-        float(row["exact_match,flexible-extract"]),
-        len(dataset),
-        protocol,
-        label,
-    )
-
-
 # ------------------------------------------------------------------------------------------------ chat and the CLI
 
 
@@ -576,8 +480,8 @@ def cli_chat(args) -> int:
 
 
 def cli_eval(args) -> int:
-    """``grpo-kit eval``: the kit's protocol (or lm-eval's task with --harness) on base, base+adapter or both
-    (--compare); prints the metrics; --out saves the tuned (or only) result there, the base one as <stem>-base.json."""
+    """``grpo-kit eval``: the kit's protocol on base, base+adapter or both (--compare); prints the metrics; --out
+    saves the tuned (or only) result there, the base one as <stem>-base.json."""
     from grpo_kit.data import load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
@@ -587,47 +491,28 @@ def cli_eval(args) -> int:
         )
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
-    if args.harness and args.harness != HARNESS_TASK:  # before anything loads
-        raise GrpoKitError(f"Unknown harness task {args.harness!r}. Choose one of: {HARNESS_TASK}.")
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = run_settings(args.model, args.adapter)
-    runs = (
-        {"base": None, "tuned": args.adapter} if args.compare else {"tuned" if args.adapter else "base": args.adapter}
+    options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, **settings)
+    print(
+        f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
+        f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})"
     )
     started = time.time()
-    if args.harness:
-        results = {
-            name: evaluate_harness(
-                base,
-                dataset,
-                adapter=adapter,
-                label=name,
-                max_new_tokens=args.max_new_tokens,
-                batch_size=args.batch_size,
-            )
-            for name, adapter in runs.items()
-        }
-        print("\n".join(f"{name}: {result.summary()}" for name, result in results.items()))
+    if args.compare:
+        base_result, tuned = evaluate_before_after(base, args.adapter, dataset, **options)
+        results = {"base": base_result, "tuned": tuned}
+        print(compare(results["base"], results["tuned"]))
     else:
-        options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed)
-        print(
-            f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "
-            f"(few_shot={settings['few_shot']}, prefill={settings['prefill']!r})"
-        )
-        if args.compare:
-            results = dict(
-                zip(runs, evaluate_before_after(base, args.adapter, dataset, **options, **settings), strict=True)
-            )
-            print(compare(results["base"], results["tuned"]))
-        else:
-            model, tokenizer = load_inference_model(base, args.adapter)
-            results = {name: evaluate(model, tokenizer, dataset, label=name, **options, **settings) for name in runs}
-            print(next(iter(results.values())).summary())
+        name = "tuned" if args.adapter else "base"
+        model, tokenizer = load_inference_model(base, args.adapter)
+        results = {name: evaluate(model, tokenizer, dataset, label=name, **options)}
+        print(results[name].summary())
     print(f"protocol: {next(iter(results.values())).protocol}\nwall time {time.time() - started:.0f} s")
     for name, result in results.items() if args.out else ():
         out = Path(args.out)
         print(
-            f"wrote {result.save(out if name != 'base' or len(runs) == 1 else out.with_name(f'{out.stem}-base.json'))}"
+            f"wrote {result.save(out.with_name(f'{out.stem}-base.json') if name == 'base' and args.compare else out)}"
         )
     return 0

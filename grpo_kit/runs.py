@@ -230,8 +230,8 @@ def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
 # --------------------------------------------------------------------------------------------- run.json
 
 
-def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None, resumed_from: int | None = None) -> Path:
-    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, curriculum, versions, and
+def write_run_info(run_dir: Path, recipe, *, data: str, resumed_from: int | None = None) -> Path:
+    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, versions, and
     the step a resumed run continued from (its learning rate then follows the schedule for this ``max_steps``)."""
     from importlib.metadata import version
 
@@ -241,7 +241,6 @@ def write_run_info(run_dir: Path, recipe, *, data: str, curriculum=None, resumed
         "recipe": values,
         "data": data,
         "reward_names": list(recipe.kit.reward_funcs),
-        "curriculum": curriculum,
         "resumed_from_step": resumed_from,
         "versions": {name: version(name) for name in ("trl", "transformers", "peft")},
     }

@@ -63,17 +63,15 @@ def train(
     output_dir: str | os.PathLike | None = None,
     resume: bool = False,
     callbacks: tuple = (),
-    curriculum=None,
     lenient: bool = False,
 ) -> TrainResult:
     """Train a GRPO LoRA adapter with ``recipe`` (``grpo_kit.config.Recipe``) on ``data`` prompts.
 
     ``dataset`` (question/answer columns) replaces ``data``. The run folder is ``output_dir``, else the recipe's
     ``output_dir``, else ``runs/<recipe>-<time>``. ``resume=True`` continues from the newest complete checkpoint there;
-    without it a used run folder is refused, never overwritten. ``curriculum`` (``grpo_kit.curriculum.Curriculum``)
-    orders the prompts; ``lenient`` skips bad data rows (counted). Sampled completions with each reward's score are
-    TRL's own table (the recipe's ``log_completions``). Under ``accelerate launch`` every process runs this; only the
-    main one writes run files.
+    without it a used run folder is refused, never overwritten. ``lenient`` skips bad data rows (counted). Sampled
+    completions with each reward's score are TRL's own table (the recipe's ``log_completions``). Under ``accelerate
+    launch`` every process runs this; only the main one writes run files.
     """
     from accelerate import PartialState
 
@@ -92,11 +90,8 @@ def train(
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions
 
-    # --- Recipe: the run folder is its output_dir; a curriculum keeps its order unless the recipe says otherwise
-    changes = {"output_dir": str(run_folder(recipe, output_dir))}
-    if curriculum is not None and "shuffle_dataset" not in recipe.values:  # TRL's shuffling would undo the order
-        changes["shuffle_dataset"] = False
-    recipe = models.without_missing_vllm(recipe, **changes)  # and vLLM that cannot be imported here: off, said so
+    # --- Recipe: the run folder is its output_dir; vLLM that cannot be imported here is turned off, and said so
+    recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
@@ -122,9 +117,6 @@ def train(
         max_prompt_tokens=kit.max_prompt_length,
         system_prompt=kit.system_prompt,
     )
-    curriculum_report = None
-    if curriculum is not None:  # its scores file is read (and checked) here, before any weights load
-        train_set, curriculum_report = curriculum.apply(train_set)
     check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
@@ -143,7 +135,7 @@ def train(
     if is_main:
         if resumed_from is not None:
             truncate_metrics(metrics_path, resumed_from)
-        runs.write_run_info(run_dir, recipe, data=data, curriculum=curriculum_report, resumed_from=resumed_from)
+        runs.write_run_info(run_dir, recipe, data=data, resumed_from=resumed_from)
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
     trainer = trl.GRPOTrainer(
@@ -233,7 +225,6 @@ def cli_train(args) -> int:
         data=args.data,
         output_dir=args.output,
         resume=args.resume,
-        curriculum=_curriculum_from_args(args),
         lenient=args.lenient,
     )
     from accelerate import PartialState
@@ -246,16 +237,3 @@ def cli_train(args) -> int:
             plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
     return 0
-
-
-def _curriculum_from_args(args):
-    if not args.curriculum:
-        if args.zero_variance:
-            raise GrpoKitError(
-                "--zero-variance needs the scores file: --curriculum scores.jsonl (write it with "
-                "grpo-kit curriculum --data DATA)."
-            )
-        return None
-    from grpo_kit.curriculum import Curriculum
-
-    return Curriculum(args.curriculum, drop_zero_variance=args.zero_variance == "drop")

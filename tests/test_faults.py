@@ -495,13 +495,6 @@ CASES = [
         ("1 usable prompt", "one optimizer step"),
         _file("d.csv", b"question,answer\nq1,7\n"),
     ),
-    Case(
-        "curriculum-binary-file",
-        "data",
-        (*TRAIN, "--data", "sample", "--curriculum", "{tmp}/s.jsonl"),
-        ("Cannot read curriculum scores", "UnicodeDecodeError", "grpo-kit curriculum"),
-        _file("s.jsonl", b"\x89PNG\r\n\x1a\n\x00\xff\xfe" * 10),
-    ),
     Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("Couldn't reach", "--data sample"), _hub_unreachable),
     Case(
         "eval-bad-row-no-eval-lenient",
@@ -714,12 +707,6 @@ CASES = [
         "settings",
         (*TRAIN, "--data", "sample", "--set", "reward_funcs=builtins:len", "--set", "reward_weights=[1]"),
         ("builtins.len", "builtins and classes cannot be rewards"),
-    ),
-    Case(
-        "zero-variance-alone",
-        "settings",
-        (*TRAIN, "--data", "sample", "--zero-variance", "drop"),
-        ("--curriculum scores.jsonl",),
     ),
     # resume and run folders
     Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("there is no run folder",)),

@@ -195,7 +195,7 @@ def test_cli_help_lists_commands(capsys):
         main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("train", "curriculum", "eval", "export", "presets", "chat"):
+    for command in ("train", "eval", "export", "presets", "chat"):
         assert command in out
 
 
