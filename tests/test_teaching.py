@@ -317,9 +317,16 @@ def fresh_run(path: Path = NOTEBOOK):
         record_timing=False,
         resources={"metadata": {"path": str(path.parent)}},
     ).execute()
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            cell.outputs = [output for output in cell.outputs if output.get("name") != "stderr"]
+    for cell in (cell for cell in notebook.cells if cell.cell_type == "code"):
+        outputs = []
+        for output in cell.outputs:
+            if output.get("name") == "stderr":
+                continue
+            if output.get("name") == "stdout" and outputs and outputs[-1].get("name") == "stdout":
+                outputs[-1]["text"] += output["text"]  # the kernel cuts a cell's prints into chunks as timing falls
+            else:
+                outputs.append(output)
+        cell.outputs = outputs
     return notebook
 
 
