@@ -8,6 +8,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
+# A second CPU kernel set for the tests of saved numbers (PyTorch's ATEN_CPU_CAPABILITY: default, avx2, avx512).
+OTHER_CPU ?= default
 
 .PHONY: install demo demo-arithmetic test test-fast lint bench gpu-bundle fork-url clean
 
@@ -61,6 +63,9 @@ test: install $(UNSLOTH_STAMP)
 	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
 	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_unsloth tests
+	@# Numbers saved in the repo (notebook 02's outputs) against a fresh run with another CPU's kernels: PyTorch's
+	@# portable ones, whose float32 rounding differs from this machine's vector code, as another CPU's would.
+	ATEN_CPU_CAPABILITY=$(OTHER_CPU) GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m saved_outputs tests
 
 test-fast: install
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests grpo_kit --doctest-modules -m "not slow"
