@@ -362,7 +362,7 @@ def same_output(saved: str | None, fresh: str | None) -> bool:
     if len(a) != len(b) or _NUMBER.sub("#", saved) != _NUMBER.sub("#", fresh):
         return False
     for x, y in zip(a, b, strict=True):
-        digit = max(10.0 ** -len(m[1]) if m[1] else 0.0 for m in (x, y))  # the last printed decimal may round either way
+        digit = max(10.0 ** -len(m[1]) if m[1] else 0.0 for m in (x, y))  # the last printed decimal may round
         u, v = float(x[0]), float(y[0])
         if abs(u - v) > max(REL_TOLERANCE * max(abs(u), abs(v)), ABS_TOLERANCE) + digit:
             return False
