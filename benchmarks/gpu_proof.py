@@ -394,6 +394,11 @@ def markdown_table(result: dict) -> str:
     ]
     for row in add_ratios(result["rows"]):
         lines.append("| " + " | ".join(format_cell(row.get(key)) for key, _ in COLUMNS) + " |")
+    lines += [
+        f"\n{row['tier']} {row['arch']} export: {row['export_note']}"
+        for row in result["rows"]
+        if row.get("export_note")
+    ]
     exports = [r for r in result["rows"] if r["kind"] == "export" and r.get("exports")]
     for row in exports:
         for item in row["exports"]:
@@ -659,7 +664,12 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
 
         gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
         torch.cuda.empty_cache()
-        row["exports"] = _export(result.adapter_dir, preset.model.model_name_or_path, out)
+        from grpo_kit.export import lora_effect
+
+        if lora_effect(result.adapter_dir):
+            row["exports"] = _export(result.adapter_dir, preset.model.model_name_or_path, out)
+        else:  # random weights earn no reward, so the LoRA never moves: export refuses such an adapter
+            row["export_note"] = "not exported: the LoRA changes nothing (every lora_B 0; no reward signal)"
     return row
 
 

@@ -58,12 +58,13 @@ _MAX_EOS_STRIPS = 8
 _SPACES = " \u00a0\u2009\u202f"
 #: Characters that may group thousands in a number ("70,000", "70 000", "70\u202f000"); one kind per number.
 THOUSANDS_SEPARATORS = "," + _SPACES
-_GROUPED = "|".join([r"\d{1,3}(?:,\d{3})+"] + [r"\d{1,3}(?:" + space + r"\d{3})+(?![\d,])" for space in _SPACES])
+#: Digits grouped in thousands by one kind of separator ("1,000", "1 000"): the model's answers and gold answers alike.
+GROUPED = "|".join([r"\d{1,3}(?:,\d{3})+"] + [r"\d{1,3}(?:" + space + r"\d{3})+(?![\d,])" for space in _SPACES])
 # A number: optional minus, digits with optional thousands separators, optional decimals; or a bare decimal like .5.
 # A minus sign counts only when no word character precedes it ("5-3" holds the numbers 5 and 3, not 5 and -3);
 # U+2212 (the typographic minus) counts as a minus; a dollar sign may sit between minus and digits ("-$5").
 _MINUS = r"(?:(?<!\w)[-\u2212]\$?)?"  # "-$5" is minus five dollars
-_NUMBER = re.compile(_MINUS + r"(?:(?:" + _GROUPED + r"|\d+)(?:\.\d+)?|\.\d+)")
+_NUMBER = re.compile(_MINUS + r"(?:(?:" + GROUPED + r"|\d+)(?:\.\d+)?|\.\d+)")
 # \boxed{...} with at most one level of nested braces inside, e.g. \boxed{\frac{3}{4}}
 _BOXED = re.compile(r"\\boxed\s*\{((?:[^{}]|\{[^{}]*\})*)\}")
 _PLAIN_FRACTION = re.compile(r"([-\u2212]?\d+)\s*/\s*(\d+)")

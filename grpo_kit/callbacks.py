@@ -122,6 +122,12 @@ class GuardedReward:
         except Exception as error:  # user code: one clear message, the traceback kept in the run folder
             raise self._raised(error, where, completions) from error
         for index, score in enumerate(scores):
+            if isinstance(score, bool):  # TRL would take True for 1.0; a reward is a number, said as such
+                raise GrpoKitError(
+                    f"The reward function '{self.__name__}' returned {score} (a bool, not a number) for completion "
+                    f"{index} {where}. Return a float per completion, e.g. 1.0 if ... else 0.0, or float(...)."
+                    + _resume_hint(self.run_dir)
+                )
             if score is not None and not is_finite_number(score):
                 text = _excerpt(completion_text(completions[index]))
                 raise numerics_error(
@@ -223,11 +229,12 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
     except torch.OutOfMemoryError as error:
         raise GrpoKitError(
             f"The GPU ran out of memory at step {trainer.state.global_step + 1} ({str(error).splitlines()[0][:160]}). "
-            "Lower the memory a step needs: shorter completions (--set max_completion_length=N), fewer completions "
-            "per forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a "
-            "smaller group (--set num_generations=N), a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4), "
-            "or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the estimate (docs/VRAM.md)."
-            + _resume_hint(run_dir)
+            "A resume may lower what does not change the run: a smaller vLLM share (--set "
+            "vllm_gpu_memory_utilization=0.4) or --set gradient_checkpointing=true. Otherwise train a new run (another "
+            "--output) that needs less: shorter completions (--set max_completion_length=N), fewer completions per "
+            "forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller "
+            "group (--set num_generations=N), or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the "
+            "estimate (docs/VRAM.md)." + _resume_hint(run_dir)
         ) from error
     except RuntimeError as error:  # torch.multinomial and friends on NaN/inf probabilities
         if not any(

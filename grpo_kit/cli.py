@@ -40,10 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--preset",
         "--recipe",
-        default="auto",
         metavar="NAME|PATH",
-        help="a shipped recipe (see `grpo-kit "
-        "presets`), 'auto' to detect, or your own recipe YAML file (start from recipes/cpu.yaml)",
+        help="a shipped recipe (see `grpo-kit presets`), 'auto' to detect (the default; with --resume: the run's "
+        "own, from its run.json), or your own recipe YAML file (start from recipes/cpu.yaml)",
     )
     p.add_argument(
         "--set",
@@ -54,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
         "or a kit field (reward_funcs=correctness,format); repeat for more",
     )
     p.add_argument(
-        "--data", default="gsm8k", help="'gsm8k' (Hub), 'sample' (bundled), or a local .jsonl/.json/.parquet/.csv file"
+        "--data",
+        help="'gsm8k' (Hub, the default; with --resume: the run's own), 'sample' (bundled), or a local "
+        ".jsonl/.json/.parquet/.csv file",
     )
     p.add_argument("--output", help="run folder (default: runs/<recipe>-<time>)")
     p.add_argument("--resume", action="store_true", help="continue from the latest complete checkpoint in --output")

@@ -74,6 +74,17 @@ class Recipe:
         return list(zip(self.kit.reward_funcs, weights, strict=True))
 
     @property
+    def reward_funcs(self) -> list:
+        """The rewards as given: names (``rewards.reward_functions`` finds them) and Python functions as they are;
+        ``kit.reward_funcs`` holds a name for each (what TRL logs and run.json records)."""
+        given = self.values.get("reward_funcs")
+        return list(given) if isinstance(given, (list, tuple)) else list(self.kit.reward_funcs)
+
+    def parsed(self, key: str) -> Any:
+        """The value TRL's parser made of field ``key`` (``"5e-4"`` and ``0.0005`` are one learning rate)."""
+        return next(getattr(part, key) for part in (self.grpo, self.model, self.kit) if hasattr(part, key))
+
+    @property
     def vllm_colocated(self) -> bool:
         return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "colocate"
 
@@ -162,11 +173,6 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     """Parse ``values`` (field name -> value) with TRL's parser into a checked ``Recipe``."""
     values = dict(values)
     name = str(values.get("name", "custom"))
-    if isinstance(values.get("reward_funcs"), (list, tuple)):  # a function (a notebook cell's) is kept as its import
-        values["reward_funcs"] = [
-            f if isinstance(f, str) else f"{f.__module__}:{f.__qualname__}"  # path: run.json
-            for f in values["reward_funcs"]
-        ]  # can record it, and a resume can import it
     # Unsloth patches trl/transformers/peft at import: on its backend it must be imported before TRL (see models)
     from grpo_kit.models import prepare_backend
 
@@ -193,6 +199,10 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
                     f"Recipe {name}: {key}={settable[key]} cannot be meant; {', '.join(BATCH_SIZES)} must be "
                     "positive (when set)."
                 )
+    from grpo_kit.rewards import reward_name
+
+    if isinstance(settable.get("reward_funcs"), (list, tuple)):  # Python functions stay in values, parsed as names
+        settable["reward_funcs"] = [f if isinstance(f, str) else reward_name(f) for f in settable["reward_funcs"]]
     argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
     try:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
@@ -313,9 +323,7 @@ def _check(recipe: Recipe) -> None:
             f"Recipe {name}: {', '.join(unused)} would be ignored: models load through "
             f"FastLanguageModel, which takes {', '.join(LOADER_FIELDS)}. Remove it."
         )
-    parsed = {
-        key: getattr(part, key) for part in (config, recipe.model, kit) for key in recipe.values if hasattr(part, key)
-    }
+    parsed = {key: recipe.parsed(key) for key in recipe.values}
     bad = [
         (key, item)
         for key, v in parsed.items()
@@ -338,7 +346,8 @@ def _check(recipe: Recipe) -> None:
             "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
             "[1.0, ...]."
         )
-    unknown = [r for r in kit.reward_funcs if ":" not in r and r not in REWARDS]
+    python = {name for name, f in zip(kit.reward_funcs, recipe.reward_funcs, strict=True) if not isinstance(f, str)}
+    unknown = [r for r in kit.reward_funcs if ":" not in r and r not in REWARDS and r not in python]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
         raise GrpoKitError(
             f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "

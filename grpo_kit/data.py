@@ -16,8 +16,9 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from grpo_kit.answers import MAX_DIGITS, normalize_number
+from grpo_kit.answers import GROUPED, MAX_DIGITS, normalize_number
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import check_writable
 
 SYSTEM_PROMPT = (
     "You are a careful math tutor. Solve the problem step by step.\n"
@@ -58,8 +59,9 @@ LOCAL_FORMATS = {
 MAX_REASONS = 5  # skip notes a warning shows
 #: Synthetic arithmetic (NOT GSM8K) split sizes; the test size gives a 95 % interval of about +-8 points.
 ARITHMETIC_SIZES = {"train": 256, "test": 200}
-# Exactly one number: optional sign and/or dollar sign, thousands commas, decimals ("-$1,200.50", "$-5", ".5"); a/b.
-_PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)\s*|\s*-?\d+\s*/\s*\d+\s*")
+# Exactly one number: optional sign and/or dollar sign, thousands grouped as in a model's answer (commas or spaces),
+# decimals ("-$1,200.50", "1 000", "$-5", ".5"); a/b.
+_PLAIN_NUMBER = re.compile(r"\s*(?:-\$?|\$-?)?(?:(?:" + GROUPED + r"|\d+)(?:\.\d+)?|\.\d+)\s*|\s*-?\d+\s*/\s*\d+\s*")
 
 
 def load_gsm8k(
@@ -209,10 +211,23 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
 # ---------------------------------------------------------------------------------------------------------- sources
 
 
+def _check_cache() -> None:
+    """``datasets`` writes every file it reads into its cache first: a cache it cannot use is named, not taken for a
+    broken data file."""
+    import datasets
+
+    check_writable(
+        Path(datasets.config.HF_DATASETS_CACHE),
+        what="the datasets cache",
+        option="HF_HOME (or HF_DATASETS_CACHE), a folder you can write to; unset it for ~/.cache/huggingface",
+    )
+
+
 def _hub_records(split: str):
     import datasets
     from datasets.exceptions import DatasetsError
 
+    _check_cache()
     try:
         hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
@@ -251,6 +266,7 @@ def _file_records(path: Path):
     loader, shape = LOCAL_FORMATS[suffix]
     if not path.read_bytes().strip():
         raise GrpoKitError(f"{path} is empty. Write {shape}.")
+    _check_cache()
     try:  # utf-8-sig: a JSON file saved as "UTF-8 with BOM" (Windows) loads too
         options = {"encoding": "utf-8-sig"} if loader == "json" else {}
         table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)

@@ -56,9 +56,10 @@ class EvalResult:
         return {k: v for k, v in asdict(self).items() if k != "rows"}
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Metrics + protocol to ``path``, the rows to ``path`` with suffix ``.jsonl``."""
+        """Metrics + protocol to ``path`` (a ``.json`` file), the rows to ``path`` with suffix ``.jsonl``; never over a
+        file an earlier ``save`` did not write (``check_out``)."""
         rows = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows)
-        atomic_write_text(Path(path).with_suffix(".jsonl"), rows)
+        atomic_write_text(check_out(path).with_suffix(".jsonl"), rows)
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def summary(self) -> str:
@@ -66,6 +67,42 @@ class EvalResult:
             f"strict {100 * self.accuracy_strict:.1f} % | lenient {100 * self.accuracy_lenient:.1f} % | format "
             f"{100 * self.format_rate:.1f} % | {self.mean_completion_tokens:.0f} tokens | n={self.n}"
         )
+
+
+def check_out(path: str | os.PathLike) -> Path:
+    """``path``, where ``EvalResult.save`` may write it and its rows (``.jsonl`` beside it), else ``GrpoKitError`` with
+    the fix: it must name a ``.json`` file, and neither file may be a folder, lie under a file, or be a file that an
+    earlier ``save`` did not write (a user's questions, a run's ``metrics.jsonl``): those are left as they are."""
+    path = Path(path)
+    if path.is_dir():
+        raise GrpoKitError(f"--out {path}: {path} is a folder; name a file in it, e.g. --out {path / 'eval.json'}.")
+    if path.suffix != ".json":
+        raise GrpoKitError(
+            f"--out {path}: name a .json file, e.g. --out {path.with_suffix('.json')}; the per-question rows are "
+            "written beside it as .jsonl."
+        )
+    for target, saved_key in ((path, "accuracy_strict"), (path.with_suffix(".jsonl"), "extracted_strict")):
+        existing = next(p for p in (target, *target.absolute().parents) if p.exists())
+        if existing != target and not existing.is_dir():
+            raise GrpoKitError(f"--out {path}: {existing} is a file, not a folder; choose another path.")
+        if existing == target and not _saved_by_eval(target, saved_key):  # a folder named like the rows too
+            raise GrpoKitError(
+                f"--out {path} would overwrite {target}, which grpo-kit eval did not write (it writes {path.name} and "
+                f"its rows {path.with_suffix('.jsonl').name}); it is left as it is. Choose another --out, e.g. "
+                f"{path.with_name(path.stem + '-eval.json')}."
+            )
+    return path
+
+
+def _saved_by_eval(path: Path, key: str) -> bool:
+    """True when ``path`` starts as ``EvalResult.save`` writes it: a JSON object (the first line of the rows) with
+    ``key``."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            first = json.loads(handle.readline() if path.suffix == ".jsonl" else handle.read(1 << 20))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(first, dict) and key in first
 
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
@@ -491,6 +528,11 @@ def cli_eval(args) -> int:
         )
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
+    out = Path(args.out) if args.out else None
+    base_out = out.with_name(f"{out.stem}-base.json") if out and args.compare else None
+    for path in (out, base_out):  # every file --out writes, checked before any question is evaluated
+        if path:
+            check_out(path)
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = run_settings(args.model, args.adapter)
@@ -510,9 +552,6 @@ def cli_eval(args) -> int:
         results = {name: evaluate(model, tokenizer, dataset, label=name, **options)}
         print(results[name].summary())
     print(f"protocol: {next(iter(results.values())).protocol}\nwall time {time.time() - started:.0f} s")
-    for name, result in results.items() if args.out else ():
-        out = Path(args.out)
-        print(
-            f"wrote {result.save(out.with_name(f'{out.stem}-base.json') if name == 'base' and args.compare else out)}"
-        )
+    for name, result in results.items() if out else ():
+        print(f"wrote {result.save((base_out or out) if name == 'base' else out)}")
     return 0

@@ -189,6 +189,18 @@ def lora_deltas(adapter_dir: Path) -> dict[str, functools.partial]:
     return {_base_name(key): functools.partial(delta, key) for key in weights if ".lora_A." in key}
 
 
+def lora_effect(adapter_dir: Path) -> float:
+    """How far the adapter moves the model: the largest ``|scale * B @ A|`` over its LoRA pairs, a block of rows at a
+    time. 0 when it changes nothing (every ``lora_B`` still 0: a run that had nothing to learn from)."""
+    stored, effect = _tensors(adapter_dir), 0.0
+    for delta in lora_deltas(adapter_dir).values():
+        a_key = delta.args[0]
+        shape = (stored[a_key.replace(".lora_A.", ".lora_B.")].shape[0], stored[a_key].shape[1])
+        for rows in _blocks(shape):
+            effect = max(effect, float(delta(rows=rows).abs().max()))
+    return effect
+
+
 def _base_name(lora_a_key: str) -> str:
     """The base weight a LoRA factor adapts: ``base_model.model.x.q_proj.lora_A.weight`` -> ``x.q_proj.weight``."""
     return f"{lora_a_key.split('.lora_A.')[0].removeprefix('base_model.model.')}.weight"
@@ -299,7 +311,8 @@ def check_base(adapter_dir: Path, base_dir: Path, model: str) -> None:
 
 def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
     """The exported adapter's tensors against the run's, bit for bit (each compared with zero as its "base": a
-    tensor that went missing or came back zeroed fails)."""
+    tensor that went missing or came back zeroed fails). Its ``lora_effect`` is the largest factor; ``export`` puts
+    the adapter's effect on the model in its place (``lora_effect``)."""
     got, expected = _tensors(folder), _tensors(adapter_dir)
 
     def items():
@@ -551,6 +564,13 @@ def export(
             f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
             "earlier checkpoint-N of the run, or train again with a lower --set learning_rate."
         )
+    if not (effect := lora_effect(adapter_dir)):  # it would pass every check: base + 0 is the base
+        raise GrpoKitError(
+            f"Cannot export {adapter_dir}: its LoRA changes nothing (scale * B @ A is 0 everywhere: every lora_B is "
+            "still 0), so an export would be the base model. Its run learned nothing"
+            + (f" ({why})" if (why := runs.learned_nothing(logged)) else "")
+            + ": train again with rewards that tell a group's completions apart (the run's summary says how)."
+        )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
@@ -588,7 +608,7 @@ def export(
                 for item in adapter_dir.glob("adapter_*"):
                     shutil.copy2(item, staging / "lora" / item.name)
                 tokenizer.save_pretrained(staging / "lora")
-                results.append(check_lora(staging / "lora", adapter_dir))
+                results.append(dataclasses.replace(check_lora(staging / "lora", adapter_dir), lora_effect=effect))
                 if prompt:
                     write_prompt(staging / "lora", prompt)
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before

@@ -106,7 +106,14 @@ def set_aside(folder: str | os.PathLike, *, prefix: str = "") -> Path | None:
 
 
 def check_writable(out_dir: Path, *, what: str, option: str) -> None:
-    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (permissions, read-only disk)."""
+    """Create ``out_dir`` and a file in it, or ``GrpoKitError`` naming the folder (a file in its place, permissions,
+    a read-only or full disk)."""
+    existing = next(path for path in (out_dir, *out_dir.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        raise GrpoKitError(
+            f"Cannot write {what} into {out_dir}: {existing} is a file, not a folder. Nothing was written; choose "
+            f"another {option}."
+        )
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir) as probe:

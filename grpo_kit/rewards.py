@@ -11,6 +11,7 @@ outside the main thread. Every check is linear in the text length (``str.find``/
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import os
@@ -176,21 +177,42 @@ RANGES = {
 # Rewards by name (a recipe's reward_funcs; TRL's reward_weights weigh them)
 
 
-def reward_functions(names: Sequence[str]) -> list[Callable[..., list[float]]]:
+def reward_functions(names: Sequence[str | Callable]) -> list[Callable[..., list[float]]]:
     """The reward functions ``names`` name: a built-in (``REWARDS``) or ``package.module:function``, imported as TRL's
-    ``scripts/grpo.py`` imports its rewards (the working folder counts, so ``my_rewards.py`` beside you works).
+    ``scripts/grpo.py`` imports its rewards (the working folder counts, so ``my_rewards.py`` beside you works); a
+    Python function given itself (a lambda, a ``functools.partial``, a callable object) is used as it is.
 
     A recipe runs the code it names, like a script: run recipes you trust. Builtins and C functions (``os:system``)
     are refused: a reward is a Python function that takes the completions and returns one score each.
     """
     if isinstance(names, str) or not names:
         raise GrpoKitError(f"Rewards are a list of names, e.g. [correctness, format]; got {names!r}.")
-    if duplicates := sorted({name for name in names if list(names).count(name) > 1}):
-        raise GrpoKitError(f"Reward {duplicates[0]!r} is named twice; name it once and give it a larger weight.")
-    return [_reward_function(str(name).strip()) for name in names]
+    named = [item if isinstance(item, str) else reward_name(item) for item in names]
+    if duplicates := sorted({name for name in named if named.count(name) > 1}):
+        raise GrpoKitError(
+            f"Reward {duplicates[0]!r} is named twice; name it once and give it a larger weight (two different "
+            "Python functions with one name, such as two lambdas: give each a name of its own, e.g. with def)."
+        )
+    return [_reward_function(item.strip() if isinstance(item, str) else item) for item in names]
 
 
-def _reward_function(name: str) -> Callable[..., list[float]]:
+def reward_name(fn) -> str:
+    """A Python reward's name in TRL's logs and run.json: ``package.module:function`` when that imports it back (a
+    resume from the command line finds it), else TRL's own name for it (a notebook cell's function, a lambda, a
+    ``functools.partial``: the function's name; a callable object: its class's)."""
+    from trl.trainer.utils import get_callable_name
+
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if module and module != "__main__" and "<" not in qualname:  # not a lambda or a nested function
+        with contextlib.suppress(Exception):
+            if getattr(importlib.import_module(module), qualname, None) is fn:
+                return f"{module}:{qualname}"
+    return get_callable_name(fn)
+
+
+def _reward_function(name: str | Callable) -> Callable[..., list[float]]:
+    if not isinstance(name, str):
+        return _checked_callable(name, repr(name))
     if name in REWARDS:
         return REWARDS[name]
     module, _, function = name.partition(":")  # config._check refused unknown bare names (no ":")
@@ -205,10 +227,23 @@ def _reward_function(name: str) -> Callable[..., list[float]]:
             "holds it."
         ) from None
     except AttributeError:
-        raise GrpoKitError(f"Reward {name!r}: module {module!r} has no function {function!r}.") from None
+        raise GrpoKitError(
+            f"Reward {name!r}: module {module!r} has no function {function!r}"
+            + (
+                " (a lambda or a function defined inside another cannot be imported by name: pass the function "
+                "itself, load_recipe(..., reward_funcs=[...]), and train from Python)"
+                if "<" in function
+                else ""
+            )
+            + "."
+        ) from None
+    return _checked_callable(fn, f"{module}.{function}")
+
+
+def _checked_callable(fn, what: str) -> Callable[..., list[float]]:
     if not callable(fn) or inspect.isbuiltin(fn) or inspect.ismethoddescriptor(fn) or isinstance(fn, type):
         raise GrpoKitError(
-            f"Reward {name!r}: {module}.{function} is not a Python reward function (f(completions, "
-            "**kwargs) -> list of floats); builtins and classes cannot be rewards."
+            f"Reward {what} is not a Python reward function (f(completions, **kwargs) -> list of floats); builtins "
+            "and classes cannot be rewards."
         )
     return fn

@@ -134,25 +134,45 @@ def releases_run_locks():
             _HELD_LOCKS.popitem()[1].release()
 
 
-def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Path | None:
-    """Lock and create the run folder; with ``resume``, the checkpoint to continue from. Never deletes user data.
+def is_run_folder(folder: Path) -> bool:
+    """True for a folder a training run wrote: its ``run.json`` (written before the first step) or a checkpoint."""
+    return (folder / "run.json").exists() or any(checkpoint_step(item) is not None for item in folder.iterdir())
+
+
+def prepare_run_dir(
+    run_dir: Path, resume: bool, *, is_main: bool = True, recipe=None, data: str | None = None
+) -> Path | None:
+    """Lock and create the run folder; with ``resume``, the checkpoint to continue from. Never deletes user data,
+    and a folder that holds files but no run is refused before anything is written there.
 
     Newer, incomplete checkpoints are named in a warning and set aside as ``damaged-checkpoint-N.old-<time>`` by the
     main process (the Trainer would write into them). Without a complete checkpoint (the run stopped before its first
     one, or every one is damaged) ``resume`` starts again from step 0 in the same folder, what the earlier attempt
     left set aside in ``attempt.old-<time>-*/`` and named in a warning. Only the main process locks and moves files.
+    With ``recipe`` (and ``data``), a resume must be the run its ``run.json`` records (``check_resume``).
     """
     if resume and not run_dir.is_dir():
         raise GrpoKitError(
             f"--resume: there is no run folder {run_dir}. Check --output, or drop --resume to start a new run."
         )
-    if is_main:
+    held = (
+        [item.name for item in run_dir.iterdir() if item.name not in (LOCK_NAME, PID_NAME)] if run_dir.is_dir() else []
+    )
+    if held and not is_run_folder(run_dir):  # the user's own files: never trained over, never moved
+        raise GrpoKitError(
+            f"{run_dir} is not a grpo-kit run folder (no run.json or checkpoint-N) and holds other files "
+            f"({', '.join(sorted(held)[:3])}{', ...' if len(held) > 3 else ''}); nothing there was touched. Choose "
+            "another --output: a new or empty folder such as runs/my-run."
+        )
+    if held and not resume:
+        raise GrpoKitError(
+            f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
+        )
+    if resume and recipe is not None:
+        check_resume(run_dir, recipe, data)
+    if is_main:  # only now, so a refused folder is left as it was
         acquire_run_lock(run_dir)  # a second process on this folder stops here, naming the first one's PID
     if not resume:
-        if any(item.name not in (LOCK_NAME, PID_NAME) for item in run_dir.iterdir()) if run_dir.exists() else False:
-            raise GrpoKitError(
-                f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
-            )
         return None
     skipped = []
     for _, folder in checkpoints(run_dir):  # newest first
@@ -169,6 +189,7 @@ def prepare_run_dir(run_dir: Path, resume: bool, *, is_main: bool = True) -> Pat
     earlier = sorted(item for item in run_dir.iterdir() if item.name not in (LOCK_NAME, PID_NAME))
     if is_main and earlier:
         aside = Path(tempfile.mkdtemp(prefix=f"attempt.old-{time.strftime('%Y%m%d-%H%M%S')}-", dir=run_dir))
+        aside.chmod(0o755)  # mkdtemp makes it private; it holds the run's own files, readable as they were
         for item in earlier:
             os.rename(item, aside / item.name)
     moved = f"; what the earlier attempt left is in {aside.name}" if is_main and earlier else ""
@@ -230,13 +251,63 @@ def save_adapter(trainer, tokenizer, run_dir: Path) -> Path:
 # --------------------------------------------------------------------------------------------- run.json
 
 
+#: The values a resumed run may change: how long it trains, what it logs and saves, and memory settings that leave the
+#: computation as it was. Any other (G, the batch shape, the learning rate and its schedule, the model, the rewards,
+#: the data) would continue the run as another run while run.json claimed the old one, or rewrite that claim.
+RESUMABLE = (
+    "max_steps",
+    "save_steps",
+    "save_total_limit",
+    "logging_steps",
+    "log_completions",
+    "num_completions_to_print",
+    "report_to",
+    "use_vllm",  # the kit turns it off where vLLM cannot be imported (models.without_missing_vllm)
+    "vllm_gpu_memory_utilization",
+    "gradient_checkpointing",
+)
+_SECRET = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
+
+
+def check_resume(run_dir: Path, recipe, data: str | None) -> None:
+    """Refuse to resume the run in ``run_dir`` with values or data (None: not known, a dataset passed to ``train``)
+    other than its ``run.json`` records, but for ``RESUMABLE``; values are compared as TRL parses them."""
+    from grpo_kit.config import build_recipe
+
+    info = read_run_info(run_dir)
+    if not info:
+        return  # stopped before its record was written: nothing to differ from
+    recorded, changed = info.get("recipe") or {}, []
+    names = info.get("reward_names", list(recipe.kit.reward_funcs))
+    if names != list(recipe.kit.reward_funcs):
+        changed.append(f"reward_funcs ({', '.join(names)} -> {', '.join(recipe.kit.reward_funcs)})")
+    else:  # the same rewards: the recorded values parsed with this recipe's functions (a notebook's are not in JSON),
+        # and this recipe's parsed again (a trainer may have changed its GRPOConfig: Unsloth's turns fp16 on)
+        then, now = build_recipe({**recorded, "reward_funcs": recipe.reward_funcs}), build_recipe(recipe.values)
+        keys = (set(recorded) | set(recipe.values)) - {*RESUMABLE, "output_dir", "name", "description", "reward_funcs"}
+        for key in sorted(k for k in keys if recorded.get(k) != "***"):
+            if (old := then.parsed(key)) != (new := now.parsed(key)):
+                changed.append(f"{key} ({old!r} -> {new!r})")
+    if None not in (data, info.get("data")) and Path(info["data"]).resolve() != Path(data).resolve():
+        changed.append(f"data ({info['data']} -> {data})")
+    if changed:
+        raise GrpoKitError(
+            f"--resume: {run_dir} is a run of {recorded.get('name', 'another recipe')} whose run.json records other "
+            f"values than this command's: {'; '.join(changed)}. A resumed run goes on as it was recorded; only "
+            f"{', '.join(RESUMABLE)} may change. Resume with the recorded values (the command line takes them from "
+            "run.json when --preset and --data are left out), or start a new run in another folder (--output)."
+        )
+
+
 def write_run_info(run_dir: Path, recipe, *, data: str, resumed_from: int | None = None) -> Path:
-    """``run.json``, atomically: the recipe's values as set (secrets masked), data, rewards, versions, and
-    the step a resumed run continued from (its learning rate then follows the schedule for this ``max_steps``)."""
+    """``run.json``, atomically: the recipe's values as set (secrets masked; a Python reward by its name), data,
+    rewards, versions, and the step a resumed run continued from (its learning rate then follows the schedule for
+    this ``max_steps``)."""
     from importlib.metadata import version
 
-    secret = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` and the like are never recorded
-    values = {k: "***" if any(w in k.lower() for w in secret) else v for k, v in recipe.values.items()}
+    values = {k: "***" if any(w in k.lower() for w in _SECRET) else v for k, v in recipe.values.items()}
+    if "reward_funcs" in values:
+        values["reward_funcs"] = list(recipe.kit.reward_funcs)
     info = {
         "recipe": values,
         "data": data,
@@ -248,12 +319,22 @@ def write_run_info(run_dir: Path, recipe, *, data: str, resumed_from: int | None
 
 
 def read_run_info(run_dir: str | os.PathLike) -> dict:
-    """``run_dir/run.json`` as a dict; {} when it is missing or unreadable."""
+    """``run_dir/run.json`` as a dict, {} when there is none; one that cannot be read is said, never taken for none:
+    it records how the run was trained (recipe, data, prompt)."""
+    path = Path(run_dir) / "run.json"
     try:
-        info = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (FileNotFoundError, NotADirectoryError):
         return {}
-    return info if isinstance(info, dict) else {}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        info = f"{type(error).__name__}: {str(error)[:120]}"
+    if not isinstance(info, dict):
+        raise GrpoKitError(
+            f"{path} cannot be read ({info if isinstance(info, str) else 'not a JSON object'}); it records how the "
+            "run was trained (recipe, data, prompt), so nothing was done without it. Restore it from a copy, or "
+            "train a new run in another folder (--output); the run's checkpoints are untouched."
+        )
+    return info
 
 
 def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
@@ -263,6 +344,27 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
         return None, None
     window = max(1, min(window, len(values) // 2 or 1))
     return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
+def learned_nothing(history: list[dict]) -> str | None:
+    """What the log shows when the run had nothing to learn from, else None: no reward was ever given (every reward
+    function returned None), or grad_norm was 0 at every logged step (each group's completions all scored the same,
+    so every advantage was 0 and the LoRA never moved).
+
+    >>> learned_nothing([{"step": 1, "reward": 0.0, "grad_norm": 0.0}, {"step": 2, "reward": 0.0, "grad_norm": 0.0}])
+    'grad_norm was 0 at all 2 logged steps: the completions of each group all scored the same, so every advantage was 0'
+    """
+    rows = [row for row in history if "grad_norm" in row or "reward" in row]
+    if not rows:
+        return None
+    if not any(isinstance(row.get("reward"), (int, float)) for row in rows):
+        return f"no reward was given at any of {len(rows)} logged steps (every reward function returned None)"
+    if all(row.get("grad_norm") == 0 for row in rows):
+        return (
+            f"grad_norm was 0 at all {len(rows)} logged steps: the completions of each group all scored the same, so "
+            "every advantage was 0"
+        )
+    return None
 
 
 def collapse(history: list[dict]) -> str | None:

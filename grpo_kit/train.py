@@ -32,6 +32,7 @@ class TrainResult:
     history: list[dict] = field(default_factory=list, repr=False)
     already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
     collapsed: str | None = None  # ``runs.collapse``: the log shows a model that no longer answers
+    learned_nothing: str | None = None  # ``runs.learned_nothing``: no reward signal, the LoRA never moved
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
@@ -47,6 +48,13 @@ class TrainResult:
             warning = (
                 f"\nwarning: the run collapsed: {self.collapsed}. The adapter no longer answers (export refuses it); "
                 "train again with a lower --set learning_rate, or use an earlier checkpoint-N."
+            )
+        elif self.learned_nothing:
+            warning = (
+                f"\nwarning: the run learned nothing: {self.learned_nothing}. The adapter is the model it started from "
+                "(export refuses it). Give GRPO rewards that tell a group's completions apart: a reward that returns "
+                "numbers, partial credit (tag_progress), worked examples and a prefill (the cpu recipe's few_shot and "
+                "prefill), longer completions or larger groups (max_completion_length, num_generations)."
             )
         return (
             head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
@@ -101,11 +109,12 @@ def train(
     check_device(recipe, models.detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
     # --- Data, prompts and rewards: every input is read and checked before any weights load
-    source = data if dataset is None else "the dataset passed to train()"
+    source = data if dataset is None else None  # a dataset object has no name to record or compare on resume
+    label = source or "the dataset passed to train()"
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
-    check_dataset_size(len(dataset), config, source=source)
-    funcs = reward_functions(recipe.kit.reward_funcs)  # package.module:function rewards are imported now
+    check_dataset_size(len(dataset), config, source=label)
+    funcs = reward_functions(recipe.reward_funcs)  # package.module:function rewards are imported now
     # Chat template, worked examples, prefill; over-long prompts dropped (and counted). The tokenizer is the model's
     # own, loaded once (models.load_tokenizer); Unsloth's loader returns it with the same chat template.
     tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))
@@ -117,10 +126,11 @@ def train(
         max_prompt_tokens=kit.max_prompt_length,
         system_prompt=kit.system_prompt,
     )
-    check_dataset_size(len(train_set), config, source=source, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
+    check_dataset_size(len(train_set), config, source=label, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
-    checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main)
+    # a resume must be the run its run.json records; a folder that holds no run is refused untouched
+    checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main, recipe=recipe, data=source)
     resumed_from = runs.checkpoint_step(checkpoint) if checkpoint else None
     PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
     if resumed_from is not None and resumed_from >= config.max_steps:
@@ -135,7 +145,7 @@ def train(
     if is_main:
         if resumed_from is not None:
             truncate_metrics(metrics_path, resumed_from)
-        runs.write_run_info(run_dir, recipe, data=data, resumed_from=resumed_from)
+        runs.write_run_info(run_dir, recipe, data=label, resumed_from=resumed_from)
 
     # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
     trainer = trl.GRPOTrainer(
@@ -192,6 +202,7 @@ def _result(
         history=history,
         already_finished=already_finished,
         collapsed=runs.collapse(history),
+        learned_nothing=runs.learned_nothing(history),
     )
 
 
@@ -203,16 +214,26 @@ def cli_train(args) -> int:
     ``--set`` changes, then ``train``, the summary and the curves."""
     from grpo_kit.config import build_recipe, load_recipe, parse_set
     from grpo_kit.plots import plot_metrics
+    from grpo_kit.rewards import REWARDS
 
     changes = parse_set(args.set)
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
-    recorded = runs.read_run_info(args.output).get("recipe") if args.resume and args.output else None
-    if recorded:  # a resumed run goes on with the recipe it started with (run.json), plus --set changes; the folder
-        # may have moved since (Drive), so its recorded output_dir is not kept
+    info = runs.read_run_info(args.output) if args.resume and args.output else {}
+    recorded = info.get("recipe") or {}
+    changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
+    if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)
+        python = [r for r in info.get("reward_names", []) if ":" not in r and r not in REWARDS]
+        if python:
+            raise GrpoKitError(
+                f"{args.output} was trained with Python reward function(s) {', '.join(python)} passed to train(), "
+                "which the command line cannot import. Resume it from Python with the same functions: "
+                f"train(load_recipe(..., reward_funcs=[...]), output_dir={str(args.output)!r}, resume=True)."
+            )
+        # the folder may have moved since (Drive), so its recorded output_dir is not kept
         recipe = build_recipe({**{k: v for k, v in recorded.items() if k != "output_dir"}, **changes})
         print(f"recipe: {recipe.name}, as recorded in {Path(args.output) / 'run.json'}")
-    elif args.preset == "auto":
+    elif args.preset in (None, "auto"):
         from grpo_kit.planner import auto_recipe
 
         name, reason = auto_recipe()
@@ -222,7 +243,7 @@ def cli_train(args) -> int:
         recipe = load_recipe(args.preset, **changes)
     result = train(
         recipe,
-        data=args.data,
+        data=args.data or info.get("data") or "gsm8k",
         output_dir=args.output,
         resume=args.resume,
         lenient=args.lenient,
@@ -236,4 +257,4 @@ def cli_train(args) -> int:
         except OSError as error:  # a full disk once the adapter is saved: the run is complete, only the plot is not
             plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
-    return 0
+    return 1 if result.collapsed or result.learned_nothing else 0  # export refuses such an adapter

@@ -41,6 +41,8 @@ GOOD = "Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7"
         ("#### $18", "18"),
         ("#### -$5", "-5"),
         ("#### 1,234,567", "1234567"),
+        ("#### 1 000", "1000"),  # thousands grouped by spaces, as a model's answer may group them (answers.GROUPED)
+        ("#### 1\u202f234\u202f567", "1234567"),
         ("#### 3/4", "0.75"),
         ("x #### 1\nmore\n#### 2", "2"),  # the last #### wins
         ("####   42  \n", "42"),
@@ -58,6 +60,8 @@ def test_extract_gsm8k_answer(text, gold):
         ("#### seven", "not a number"),
         ("#### 72 clips", "not a number"),
         ("#### 3 4", "not a number"),
+        ("#### 1 0000", "not a number"),  # not thousands
+        ("#### 1 000,000", "not a number"),  # one kind of separator per number
         ("#### --5", "not a number"),
     ],
 )

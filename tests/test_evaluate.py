@@ -141,13 +141,30 @@ def test_evaluate_rejects_bad_input(tiny, questions):
 
 
 def test_save_writes_metrics_and_rows_beside_them(tmp_path):
-    rows = ({"question": "q", "gold": "1", "completion": "1", "correct_strict": False},)
+    rows = ({"question": "q", "gold": "1", "completion": "1", "extracted_strict": None, "correct_strict": False},)
     result = EvalResult(0.0, 1.0, 0.0, 1.0, n=1, seed=3, protocol="p", rows=rows)
     path = result.save(tmp_path / "out" / "eval.json")
     data = json.loads(path.read_text())
     assert data["accuracy_lenient"] == 1.0 and data["protocol"] == "p" and "rows" not in data
     assert EvalResult(**data, rows=rows) == result
     assert [json.loads(line) for line in (tmp_path / "out" / "eval.jsonl").read_text().splitlines()] == list(rows)
+    assert result.save(path) == path  # its own earlier files: written again
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "refusal"),
+    [
+        ("eval.jsonl", '{"question": "q", "answer": "#### 1"}\n', "would overwrite .*eval.jsonl, which grpo-kit eval"),
+        ("eval.json", '{"mine": true}', "would overwrite .*eval.json, which grpo-kit eval"),
+        ("eval.json", "not json at all", "would overwrite"),
+    ],
+)
+def test_save_never_writes_over_a_file_it_did_not_write(tmp_path, name, content, refusal):
+    (tmp_path / name).write_text(content)
+    result = EvalResult(0.0, 0.0, 0.0, 1.0, n=1, seed=0, protocol="p", rows=({"question": "q", "extracted_strict": 1},))
+    with pytest.raises(GrpoKitError, match=refusal):
+        result.save(tmp_path / "eval.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name] and (tmp_path / name).read_text() == content
 
 
 def test_compare_table_shows_both_protocols():

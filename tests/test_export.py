@@ -65,6 +65,22 @@ def test_parse_formats_and_names(run_dir, tmp_path):
     assert default_name(tmp_path / "my-run" / "checkpoint-40") == "my-run-checkpoint-40"
 
 
+def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir, make_adapter):
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from grpo_kit.export import lora_effect
+
+    assert lora_effect(make_adapter(tiny_model_dir, tmp_path / "untrained", std=0.0)) == 0.0  # every lora_B 0
+    adapter = make_adapter(tiny_model_dir, tmp_path / "trained")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    base = {name: weight.clone() for name, weight in base.items()}
+    merged = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), str(adapter))
+    moved = max(float((w - base[n]).abs().max()) for n, w in merged.merge_and_unload().state_dict().items())
+    assert moved > 0 and lora_effect(adapter) == pytest.approx(moved, rel=1e-4)
+
+
 def test_read_evals_reads_what_the_run_saved(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
     run = tmp_path / "run"  # what the run saved in eval/ (demo, notebooks 00 and 04)
@@ -104,6 +120,8 @@ def test_every_cpu_format_round_trips(run_dir, tmp_path):
         assert result.lora_effect > result.tolerance  # the check really could see a missing LoRA
         assert result.mean_abs_diff < result.mean_abs_diff_base  # closer to base+adapter than to the base
     assert by_format["lora"].max_abs_diff == by_format["lora"].tolerance == 0  # the adapter, bit for bit
+    # both report the adapter's effect on the model's weights, not the size of a LoRA factor
+    assert by_format["lora"].lora_effect == pytest.approx(by_format["merged16"].lora_effect, rel=1e-4)
     files = _files(target)
     assert "lora/adapter_model.safetensors" in files and "merged16/model.safetensors" in files
     assert not any(f.endswith(".bin") for f in files)

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from tiny_cli import tiny_train_args
+from tiny_cli import recorded_values, tiny_train_args
 
 from grpo_kit.cli import main
-from grpo_kit.runs import PID_NAME
+from grpo_kit.runs import LOCK_NAME, PID_NAME
 
 MAX_ERROR_LINES = 15
 GOOD = {"question": "Tom has 3 + 4 apples. How many?", "answer": "3 + 4 = 7\n#### 7"}
 TINY = tiny_train_args()
-PRELOAD_AREAS = {"data", "settings", "resume", "chat"}  # refused before any weights load
+PRELOAD_AREAS = {"data", "settings", "resume", "chat", "output"}  # refused before any weights load
 
 
 @dataclass(frozen=True)
@@ -97,11 +97,11 @@ def _folder(*files):
     return make
 
 
-def _adapter(damage=None):
-    """A LoRA adapter for the tiny model at ``{tmp}/run/adapter``, optionally damaged."""
+def _adapter(damage=None, std: float = 0.05):
+    """A LoRA adapter for the tiny model at ``{tmp}/run/adapter`` (its B weights N(0, std)), optionally damaged."""
 
     def make(tmp, env):
-        adapter = env["make_adapter"](env["tiny"], tmp / "run" / "adapter")
+        adapter = env["make_adapter"](env["tiny"], tmp / "run" / "adapter", std=std)
         if damage:
             damage(adapter, env)
 
@@ -173,9 +173,7 @@ def _run_with(*names, steps=None, locked=False, adapter=False):
         for step in range(1, (steps or 0) + 1):
             env["fake_checkpoint"](run, step)
         if steps:
-            from grpo_kit.config import load_recipe
-
-            (run / "run.json").write_text(json.dumps({"recipe": dict(load_recipe("cpu", max_steps=steps).values)}))
+            (run / "run.json").write_text(json.dumps({"recipe": recorded_values(max_steps=steps), "data": "sample"}))
         if adapter:
             shutil.copytree(run / f"checkpoint-{steps}", run / "adapter")
         if locked:
@@ -335,6 +333,14 @@ def _killed_lock_holder(tmp, env):
     env["hold_lock"].kill()
 
 
+def _datasets_cache_under_a_file(tmp, env):
+    """HF_HOME names a file: ``datasets`` reads its cache folder from it when imported, so its value is set here."""
+    import datasets
+
+    (tmp / "hf").write_text("a file")
+    env["monkeypatch"].setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp / "hf" / "datasets"))
+
+
 def _chain(*setups):
     def make(tmp, env):
         for setup in setups:
@@ -346,6 +352,23 @@ def _chain(*setups):
 # ------------------------------------------------------------------------------------------------ the table
 
 TRAIN = ("train", *TINY, "--output", "{tmp}/run")
+ON_TINY = ("--set", "model_name_or_path={tiny}")  # trains for real in about a second
+RESUME = (*TRAIN, "--data", "sample", "--resume")
+#: Reward functions in the forms Python offers, each a module attribute that ``module:name`` imports; the scores
+#: differ between completions (a hash), so the run has something to learn and ends with exit 0.
+FORMS = """import functools, zlib
+
+def _score(completions, scale=1.0, **kwargs):
+    return [scale * zlib.crc32(str(c).encode()) / 2**32 for c in completions]
+
+class Scorer:
+    def __call__(self, completions, **kwargs):
+        return _score(completions)
+
+by_lambda = lambda completions, **kwargs: _score(completions)  # noqa: E731
+by_partial = functools.partial(_score, scale=0.5)
+by_object = Scorer()
+"""
 EXPORT = ("export", "--adapter", "{tmp}/run/adapter", "--model", "{tiny}", "--out-dir", "{tmp}/exports")
 EVAL = (
     "eval",
@@ -496,6 +519,13 @@ CASES = [
         _file("d.csv", b"question,answer\nq1,7\n"),
     ),
     Case("hub-unreachable", "data", (*TRAIN, "--data", "gsm8k"), ("Couldn't reach", "--data sample"), _hub_unreachable),
+    Case(
+        "hf-home-is-a-file",
+        "data",
+        (*TRAIN, "--data", "sample"),
+        ("the datasets cache", "{tmp}/hf is a file, not a folder", "HF_HOME"),
+        _datasets_cache_under_a_file,
+    ),
     Case(
         "eval-bad-row-no-eval-lenient",
         "data",
@@ -708,14 +738,131 @@ CASES = [
         (*TRAIN, "--data", "sample", "--set", "reward_funcs=builtins:len", "--set", "reward_weights=[1]"),
         ("builtins.len", "builtins and classes cannot be rewards"),
     ),
+    Case(
+        "reward-returns-bool",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "reward_funcs=fault_bool:passed", "--set", "reward_weights=[1]"),
+        ("'passed' returned True (a bool, not a number)", "Return a float"),
+        _reward_module("fault_bool", "def passed(completions, **kwargs):\n    return [True for _ in completions]\n"),
+    ),
+    # rewards that train
+    Case(
+        "rewards-lambda-partial-object",
+        "rewards",
+        (
+            *TRAIN,
+            *ON_TINY,
+            "--data",
+            "sample",
+            "--set",
+            "max_steps=1",
+            "--set",
+            "reward_funcs=fault_forms:by_lambda,fault_forms:by_partial,fault_forms:by_object",
+            "--set",
+            "reward_weights=[1,1,1]",
+        ),
+        ("steps: 1",),
+        _reward_module("fault_forms", FORMS),
+        code=0,
+    ),
+    Case(
+        "reward-always-none",
+        "rewards",
+        (
+            *TRAIN,
+            *ON_TINY,
+            "--data",
+            "sample",
+            "--set",
+            "max_steps=2",
+            "--set",
+            "reward_funcs=fault_none:abstain",
+            "--set",
+            "reward_weights=[1]",
+        ),
+        ("warning: the run learned nothing", "no reward was given at any of 2 logged steps", "export refuses it"),
+        _reward_module("fault_none", "def abstain(completions, **kwargs):\n    return [None for _ in completions]\n"),
+        code=1,
+    ),
+    Case(
+        "rewards-all-equal",
+        "rewards",
+        (
+            *TRAIN,
+            *ON_TINY,
+            "--data",
+            "sample",
+            "--set",
+            "max_steps=2",
+            "--set",
+            "reward_funcs=format",
+            "--set",
+            "reward_weights=[1]",
+        ),
+        ("warning: the run learned nothing", "grad_norm was 0 at all 2 logged steps", "tell a group's completions"),
+        code=1,
+    ),
     # resume and run folders
     Case("resume-no-folder", "resume", (*TRAIN, "--data", "sample", "--resume"), ("there is no run folder",)),
     Case(
-        "output-has-files",
+        "output-not-a-run",
         "resume",
         (*TRAIN, "--data", "sample"),
-        ("already has files", "--resume"),
+        ("not a grpo-kit run folder", "notes.txt", "Choose another --output"),
         _run_with("notes.txt"),
+    ),
+    Case(
+        "resume-not-a-run",
+        "resume",
+        RESUME,
+        ("not a grpo-kit run folder", "notes.txt", "nothing there was touched"),
+        _run_with("notes.txt", "data.json"),
+    ),
+    Case(
+        "output-is-a-run", "resume", (*TRAIN, "--data", "sample"), ("already has files", "--resume"), _run_with(steps=1)
+    ),
+    Case(
+        "resume-other-group-size",
+        "resume",
+        (*RESUME, "--set", "num_generations=4", "--set", "per_device_train_batch_size=4"),
+        ("num_generations (2 -> 4)", "per_device_train_batch_size (2 -> 4)", "only max_steps", "another folder"),
+        _run_with(steps=1, adapter=True),
+    ),
+    Case(
+        "resume-other-learning-rate",
+        "resume",
+        (*RESUME, "--set", "learning_rate=1e-4"),
+        ("learning_rate (0.0005 -> 0.0001)",),
+        _run_with(steps=1, adapter=True),
+    ),
+    Case(
+        "resume-other-preset",
+        "resume",
+        ("train", "--preset", "cpu-4bit", *TINY[2:], "--data", "sample", "--output", "{tmp}/run", "--resume"),
+        ("model_name_or_path ('embedded:smollm2-135m' -> 'embedded:smollm2-135m-bnb-4bit')",),
+        _run_with(steps=1, adapter=True),
+    ),
+    Case(
+        "resume-other-data",
+        "resume",
+        (*TRAIN, "--data", "arithmetic", "--resume"),
+        ("data (sample -> arithmetic)", "--data are left out"),
+        _run_with(steps=1, adapter=True),
+    ),
+    Case(
+        "resume-torn-run-json",
+        "resume",
+        ("train", "--output", "{tmp}/run", "--resume"),
+        ("run.json cannot be read", "Restore it from a copy", "checkpoints are untouched"),
+        _chain(_run_with(steps=1, adapter=True), lambda tmp, env: _cut("run.json", keep=20)(tmp / "run")),
+    ),
+    Case(
+        "resume-as-recorded",
+        "resume",
+        ("train", "--output", "{tmp}/run", "--resume"),
+        ("as recorded in", "already finished: step 1 of 1"),
+        _run_with(steps=1, adapter=True),
+        code=0,
     ),
     Case("output-in-use", "resume", (*TRAIN, "--data", "sample"), ("in use", "PID"), _run_with(locked=True)),
     Case(
@@ -777,7 +924,7 @@ CASES = [
         "output-is-a-file",
         "resume",
         (*TRAIN, "--data", "sample"),
-        ("Cannot write the run into", "--output"),
+        ("Cannot write the run into", "is a file, not a folder", "--output"),
         _file("run", b"a file, not a folder"),
     ),
     Case(
@@ -852,6 +999,20 @@ CASES = [
         _read_only("ro", _adapter()),
     ),
     Case(
+        "export-lora-changes-nothing",
+        "export",
+        EXPORT,
+        ("its LoRA changes nothing", "every lora_B is still 0", "learned nothing"),
+        _adapter(std=0.0),
+    ),
+    Case(
+        "export-out-dir-is-a-file",
+        "export",
+        (*EXPORT[:-1], "{tmp}/afile"),
+        ("{tmp}/afile is a file, not a folder", "--out-dir"),
+        _chain(_adapter(), _file("afile", b"kept")),
+    ),
+    Case(
         "export-collapsed-run",
         "export",
         EXPORT,
@@ -915,6 +1076,38 @@ CASES = [
         _chain(_adapter(), _file("afile", b"kept")),
     ),
     Case("eval-compare-without-adapter", "eval", ("eval", "--data", "sample", "--compare"), ("--adapter DIR",)),
+    Case(
+        "eval-out-beside-its-data",
+        "output",
+        ("eval", "--data", "{tmp}/mine.jsonl", "--out", "{tmp}/mine.json"),
+        ("would overwrite {tmp}/mine.jsonl, which grpo-kit eval did not write", "Choose another --out"),
+        _jsonl("mine.jsonl", GOOD),
+    ),
+    Case(
+        "eval-out-over-a-run-log",
+        "output",
+        ("eval", "--adapter", "{tmp}/run/adapter", "--compare", "--out", "{tmp}/run/metrics.json"),
+        ("would overwrite {tmp}/run/metrics.jsonl",),
+        _run_with("metrics.jsonl", steps=1, adapter=True),
+    ),
+    Case(
+        "eval-out-is-a-folder",
+        "output",
+        ("eval", "--data", "sample", "--out", "{tmp}/data"),
+        ("{tmp}/data is a folder", "--out {tmp}/data/eval.json"),
+        _folder(),
+    ),
+    Case(
+        "eval-out-not-json", "output", ("eval", "--out", "{tmp}/r.jsonl"), ("name a .json file", "--out {tmp}/r.json")
+    ),
+    Case(
+        "gold-grouped-by-spaces",
+        "eval",
+        ("eval", "--model", "{tiny}", "--data", "{tmp}/d.jsonl", "--max-new-tokens", "2"),
+        ("n=1",),
+        _jsonl("d.jsonl", {"question": "How many?", "answer": "#### 1 000"}),
+        code=0,
+    ),
     Case("eval-truncated-adapter", "eval", EVAL, ("cannot be read", "checkpoint-N"), _adapter(_truncate)),
     Case("eval-nan-adapter", "eval", EVAL, ("NaN/inf weights",), _adapter(_nan)),
     Case(
@@ -988,6 +1181,10 @@ def _snapshot(folder: Path) -> dict:
     return {p: p.read_bytes() for p in files}
 
 
+def _locks(folder: Path) -> set[Path]:
+    return {path for path in folder.rglob("*") if path.name in (LOCK_NAME, PID_NAME)}
+
+
 def _fill(argv, tmp, tiny) -> list[str]:
     return [arg.replace("{tmp}", str(tmp)).replace("{tiny}", str(tiny)) for arg in argv]
 
@@ -1005,14 +1202,16 @@ def test_fault(case, tmp_path, capsys, monkeypatch, tiny_model_dir, make_adapter
     }
     if case.setup:
         case.setup(tmp_path, env)
-    before = _snapshot(tmp_path)
+    before, locks = _snapshot(tmp_path), _locks(tmp_path)
     code = main(_fill(case.argv, tmp_path, tiny_model_dir))
     captured = capsys.readouterr()
-    stream = captured.err if case.code else captured.out
+    stream = captured.err if case.code == 2 else captured.out  # 1: a run that trained, and failed (its summary says)
     assert code == case.code, f"exit {code}\nstdout: {captured.out[-2000:]}\nstderr: {captured.err[-2000:]}"
     assert "Traceback" not in captured.err + captured.out
-    if case.code:
+    if case.code == 2:
         assert "grpo-kit: error: " in stream and stream.count("\n") < MAX_ERROR_LINES, stream
+        if case.area != "disk":  # refused: a run folder is left as it was, no lock files either
+            assert _locks(tmp_path) <= locks, _locks(tmp_path) - locks
     for text in _fill(case.expect, tmp_path, tiny_model_dir):
         assert text in stream, (text, stream)
     if case.area in {"data", "settings"}:

@@ -139,11 +139,16 @@ def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_
     assert "hf_SECRET" not in (tmp_path / "run.json").read_text()
 
 
-@pytest.mark.parametrize("content", [None, b"{torn", b"\xff\xfe", b"[1, 2]"])
-def test_read_run_info_is_empty_when_unreadable(tmp_path, content):
-    if content is not None:
-        (tmp_path / "run.json").write_bytes(content)
-    assert runs.read_run_info(tmp_path) == {}
+def test_read_run_info_is_empty_without_a_run_json(tmp_path):
+    assert runs.read_run_info(tmp_path) == {} == runs.read_run_info(tmp_path / "no-such-folder")
+
+
+@pytest.mark.parametrize("content", [b"{torn", b"\xff\xfe", b"[1, 2]"])
+def test_an_unreadable_run_json_is_said_never_taken_for_none(tmp_path, content):
+    (tmp_path / "run.json").write_bytes(content)
+    with pytest.raises(runs.GrpoKitError, match="run.json cannot be read .*Restore it from a copy"):
+        runs.read_run_info(tmp_path)
+    assert (tmp_path / "run.json").read_bytes() == content
 
 
 def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
@@ -156,11 +161,11 @@ def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
         assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell again
         with pytest.raises(Timeout):  # held: any other opener of the lock file is refused
             FileLock(run_dir / runs.LOCK_NAME, blocking=False).acquire()
-        (run_dir / "notes.txt").write_text("kept")
+        (run_dir / "run.json").write_text("{}")
         with pytest.raises(runs.GrpoKitError, match="already has files.*--resume"):
             runs.prepare_run_dir(run_dir, resume=False)
     with FileLock(run_dir / runs.LOCK_NAME, blocking=False):  # released
-        assert (run_dir / "notes.txt").read_text() == "kept"
+        assert (run_dir / "run.json").read_text() == "{}"
 
 
 def test_restored_final_adapter_is_the_checkpoints_weights_without_training_state(tmp_path, fake_checkpoint):

@@ -127,7 +127,7 @@ def test_notebook_00s_written_out_values_are_the_recipe_grpo_kit_train_reads(tie
     settings = notebook_00("c04")
     notebook = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": tier})
     assert parsed(notebook["recipe"]) == parsed(load_recipe(tier))
-    assert notebook["recipe"].grpo.output_dir == str(tmp_path / "runs" / tier)  # where 04 and 05 look for it
+    assert notebook["recipe"].grpo.output_dir == str(tmp_path / "runs" / f"{tier}-colab")  # not 03's runs/<tier>
 
 
 def test_each_model_choice_on_a_t4_fits_the_card(monkeypatch, tmp_path):

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from tiny_cli import tiny_train_args
+from tiny_cli import SIGNAL, tiny_train_args
 
 from grpo_kit.cli import main
 from grpo_kit.export import export
@@ -82,8 +82,7 @@ def shared(tiny_model_dir, tmp_path_factory):
     tiny = tiny_train_args(  # its event files are scanned too
         "arithmetic",
         model_name_or_path=tiny_model_dir,
-        reward_funcs="format",
-        reward_weights="[1]",
+        **SIGNAL,
         save_steps=1,
         max_steps=2,
         report_to="tensorboard",

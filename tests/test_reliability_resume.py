@@ -19,14 +19,14 @@ import time
 
 import pytest
 from filelock import FileLock
-from tiny_cli import tiny_train_args
+from tiny_cli import SIGNAL, recorded_values, tiny_train_args
 
 from grpo_kit.cli import main
 from grpo_kit.files import read_metrics
 from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
-TINY = tiny_train_args("arithmetic", reward_funcs="format", reward_weights="[1]", save_steps=1, logging_steps=1)
+TINY = tiny_train_args("arithmetic", **SIGNAL, save_steps=1, logging_steps=1)
 KILL_AFTER_STEP = 2
 START_TIMEOUT_S = 300
 
@@ -34,6 +34,7 @@ START_TIMEOUT_S = 300
 def _env() -> dict:
     env = dict(os.environ)
     env.update(GRPO_KIT_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(__file__), env.get("PYTHONPATH")]))  # tiny_cli
     return env
 
 
@@ -144,7 +145,8 @@ def test_a_run_stopped_before_its_first_checkpoint_restarts_with_resume(tiny_mod
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n')
-    (run_dir / "run.json").write_text(json.dumps({"recipe": {"name": "cpu"}}))
+    recorded = recorded_values(**SIGNAL, model_name_or_path=tiny_model_dir)
+    (run_dir / "run.json").write_text(json.dumps({"recipe": recorded, "data": "arithmetic"}))
     (run_dir / "checkpoint-1").mkdir()  # killed while saving: no trainer_state.json
     argv = [
         "train",

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from filelock import FileLock
-from tiny_cli import tiny_train_args
+from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_train_args
 
 from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
 from grpo_kit.cli import main
@@ -127,7 +127,7 @@ def fake_run(fake_checkpoint):
 
     def make(run_dir, steps: int):
         run_dir.mkdir(parents=True)
-        (run_dir / "run.json").write_text(json.dumps({"recipe": dict(load_recipe("cpu", max_steps=steps).values)}))
+        (run_dir / "run.json").write_text(json.dumps({"recipe": recorded_values(max_steps=steps), "data": "sample"}))
         (run_dir / "metrics.jsonl").write_text(
             "".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(1, steps + 1))
         )
@@ -233,7 +233,7 @@ def test_finished_run_without_its_adapter_gets_it_from_the_last_checkpoint(tmp_p
 
     run_dir = fake_run(tmp_path / "run", 2)
     shutil.rmtree(run_dir / "adapter")  # killed after the last checkpoint, before the adapter was written
-    result = train(load_recipe("cpu", max_steps=2), data="sample", output_dir=run_dir, resume=True)
+    result = train(load_recipe("cpu", **TINY_SETTINGS, max_steps=2), data="sample", output_dir=run_dir, resume=True)
     assert result.already_finished and result.steps == 2
     assert (result.adapter_dir / "adapter_model.safetensors").read_bytes() == (
         run_dir / "checkpoint-2" / "adapter_model.safetensors"
@@ -374,7 +374,7 @@ def test_typed_set_values_are_converted_to_the_field_type():
 
 # ------------------------------------------------------------------------------------------------ real tiny runs
 
-REAL = tiny_train_args("arithmetic", reward_funcs="format", reward_weights="[1]", save_steps=1, logging_steps=1)
+REAL = tiny_train_args("arithmetic", **SIGNAL, save_steps=1, logging_steps=1)
 
 
 @pytest.mark.slow

@@ -84,11 +84,23 @@ def test_a_run_whose_log_shows_a_collapse_ends_with_a_warning(tmp_path, first_cl
     assert ("lower --set learning_rate" in summary) is warned
 
 
-def test_existing_run_folder_is_not_overwritten(tmp_path):
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_that_holds_no_run_is_refused_as_it_is(tmp_path, resume):
+    """The user's own folder (``--output .``): not offered --resume, not trained in with it, no file moved, and no
+    lock files left behind."""
     (tmp_path / "keep.txt").write_text("user data")
-    with pytest.raises(GrpoKitError, match="--resume"):
-        train(load_recipe("cpu"), data="sample", output_dir=tmp_path)
+    with pytest.raises(GrpoKitError, match="not a grpo-kit run folder .*keep.txt.*Choose another --output") as refused:
+        train(load_recipe("cpu"), data="sample", output_dir=tmp_path, resume=resume)
+    assert "Use --resume" not in str(refused.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]
     assert (tmp_path / "keep.txt").read_text() == "user data"
+
+
+def test_a_run_folder_is_not_overwritten(tmp_path, fake_checkpoint):
+    fake_checkpoint(tmp_path, 1)
+    with pytest.raises(GrpoKitError, match="already has files. Use --resume"):
+        train(load_recipe("cpu"), data="sample", output_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1"]  # no lock files either
 
 
 def test_resume_without_a_run_folder_is_explained(tmp_path):
@@ -166,6 +178,53 @@ def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
     assert "reward/toy_length" in rows[0]
     recorded = json.loads((result.run_dir / "run.json").read_text())["recipe"]
     assert recorded["reward_funcs"] == [f"{__name__}:toy_length"] and recorded["reward_weights"] == [2.0]
+
+
+class Scorer:
+    """A reward as a callable object (state in ``self``)."""
+
+    def __call__(self, completions, **kwargs):
+        return toy_length(completions)
+
+
+def test_lambdas_nested_functions_partials_and_callable_objects_are_rewards(tiny_model_dir, tmp_path):
+    """Every form of Python function TRL calls trains, named in TRL's logs and run.json as TRL names it; a resume from
+    Python with the same functions is the same run."""
+    import functools
+
+    def nested(completions, **kwargs):
+        return toy_length(completions)
+
+    def scaled(completions, scale, **kwargs):
+        return [scale * score for score in toy_length(completions)]
+
+    rewards = [lambda completions, **kwargs: toy_length(completions), nested, functools.partial(scaled, scale=2.0)]
+    recipe = _tiny_preset(tiny_model_dir, max_steps=1, reward_funcs=[*rewards, Scorer()], reward_weights=[1, 1, 1, 1])
+    assert recipe.kit.reward_funcs == ["<lambda>", "nested", "scaled", "Scorer"]
+    result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
+    assert {"reward/<lambda>", "reward/nested", "reward/scaled", "reward/Scorer"} <= set(
+        read_metrics(result.metrics_path)[0]
+    )
+    info = json.loads((result.run_dir / "run.json").read_text())
+    assert info["reward_names"] == info["recipe"]["reward_funcs"] == ["<lambda>", "nested", "scaled", "Scorer"]
+    assert train(recipe, data="arithmetic", output_dir=result.run_dir, resume=True).already_finished
+    with pytest.raises(GrpoKitError, match="'<lambda>' is named twice.*give each a name of its own"):
+        train(
+            recipe.replace(reward_funcs=[rewards[0], lambda completions, **kwargs: [0.0]], reward_weights=[1, 1]),
+            data="arithmetic",
+            output_dir=tmp_path / "twins",
+        )
+
+
+def test_a_run_of_python_rewards_resumes_from_python_not_the_command_line(tmp_path, capsys):
+    from grpo_kit.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"recipe": {"reward_funcs": ["<lambda>"]}, "reward_names": ["<lambda>"]}))
+    assert main(["train", "--output", str(run), "--resume"]) == 2
+    assert "Python reward function(s) <lambda> passed to train()" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == ["run.json"]
 
 
 @pytest.mark.slow
