@@ -24,7 +24,7 @@ from transformers import TrainerCallback, TrainerState
 from grpo_kit.adapters import adapter_problem
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import dumps_finite, set_aside
-from grpo_kit.rewards import completion_text
+from grpo_kit.rewards import METRICS, completion_text
 from grpo_kit.runs import checkpoints, latest_checkpoint
 
 
@@ -287,7 +287,7 @@ class MetricsLogger(TrainerCallback):
         for key, value in logs.items():
             if key.startswith("rewards/") and key.endswith("/mean"):
                 name = key[8:-5]
-                key = name if name == "format_rate" else f"reward/{name}"  # format_rate: a metric, not a reward
+                key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
             row[key] = value
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON

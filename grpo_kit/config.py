@@ -51,6 +51,12 @@ class KitArgs:
         default_factory=lambda: ["correctness", "format"],
         metadata={"help": "built-in reward names or package.module:function"},
     )
+    seed_grpo_alpha: float = field(
+        default=0.0,
+        metadata={
+            "help": "SEED-GRPO: a group's rewards / (1 + alpha * its semantic entropy); 0: off (rewards.seed_grpo)"
+        },
+    )
 
 
 @dataclass(frozen=True)
@@ -199,10 +205,11 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
                     f"Recipe {name}: {key}={settable[key]} cannot be meant; {', '.join(BATCH_SIZES)} must be "
                     "positive (when set)."
                 )
-    from grpo_kit.rewards import reward_name
+    from trl.trainer.utils import get_callable_name
 
-    if isinstance(settable.get("reward_funcs"), (list, tuple)):  # Python functions stay in values, parsed as names
-        settable["reward_funcs"] = [f if isinstance(f, str) else reward_name(f) for f in settable["reward_funcs"]]
+    if isinstance(settable.get("reward_funcs"), (list, tuple)):  # Python functions stay in values, parsed by the
+        # name TRL logs them under (a lambda: "<lambda>", a functools.partial: its function's, an object: its class)
+        settable["reward_funcs"] = [f if isinstance(f, str) else get_callable_name(f) for f in settable["reward_funcs"]]
     argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
     try:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
@@ -285,6 +292,7 @@ MEANT_VALUES = {
     "vllm_gpu_memory_utilization": (lambda v: 0 < v <= 1, "a share of the GPU above 0 and at most 1"),
     "save_steps": (lambda v: v > 0, "a positive number of steps"),
     "max_steps": (lambda v: v <= 10_000_000, "at most 10,000,000 (250 steps is a long Colab run): a typo?"),
+    "seed_grpo_alpha": (lambda v: v >= 0, "0 (off) or positive (1.0: a group whose answers all differ learns half)"),
 }
 
 
@@ -352,6 +360,11 @@ def _check(recipe: Recipe) -> None:
         raise GrpoKitError(
             f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
             "or write package.module:function."
+        )
+    if kit.seed_grpo_alpha and config.scale_rewards != "none":  # the std division would cancel the group's scale
+        raise GrpoKitError(
+            f"Recipe {name}: seed_grpo_alpha needs scale_rewards: none (SEED-GRPO scales r_i - mean r; dividing by the "
+            "group's std would undo it). Set --set scale_rewards=none."
         )
     if kit.max_prompt_length + config.max_completion_length > kit.max_seq_length:
         raise GrpoKitError(

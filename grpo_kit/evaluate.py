@@ -71,21 +71,16 @@ class EvalResult:
 
 def check_out(path: str | os.PathLike) -> Path:
     """``path``, where ``EvalResult.save`` may write it and its rows (``.jsonl`` beside it), else ``GrpoKitError`` with
-    the fix: it must name a ``.json`` file, and neither file may be a folder, lie under a file, or be a file that an
-    earlier ``save`` did not write (a user's questions, a run's ``metrics.jsonl``): those are left as they are."""
+    the fix: it must name a ``.json`` file, and neither file may lie under a file or be one that an earlier ``save``
+    did not write (a user's questions, a run's ``metrics.jsonl``): those are left as they are."""
     path = Path(path)
-    if path.is_dir():
-        raise GrpoKitError(f"--out {path}: {path} is a folder; name a file in it, e.g. --out {path / 'eval.json'}.")
-    if path.suffix != ".json":
-        raise GrpoKitError(
-            f"--out {path}: name a .json file, e.g. --out {path.with_suffix('.json')}; the per-question rows are "
-            "written beside it as .jsonl."
-        )
+    if path.is_dir() or path.suffix != ".json":
+        example = path / "eval.json" if path.is_dir() else path.with_suffix(".json")
+        raise GrpoKitError(f"--out {path}: name a .json file, e.g. --out {example}; its rows go beside it as .jsonl.")
     for target, saved_key in ((path, "accuracy_strict"), (path.with_suffix(".jsonl"), "extracted_strict")):
-        existing = next(p for p in (target, *target.absolute().parents) if p.exists())
-        if existing != target and not existing.is_dir():
-            raise GrpoKitError(f"--out {path}: {existing} is a file, not a folder; choose another path.")
-        if existing == target and not _saved_by_eval(target, saved_key):  # a folder named like the rows too
+        if file := next((p for p in target.absolute().parents if p.is_file()), None):
+            raise GrpoKitError(f"--out {path}: {file} is a file, not a folder; choose another path.")
+        if target.exists() and not _saved_by_eval(target, saved_key):  # a folder named like the rows too
             raise GrpoKitError(
                 f"--out {path} would overwrite {target}, which grpo-kit eval did not write (it writes {path.name} and "
                 f"its rows {path.with_suffix('.jsonl').name}); it is left as it is. Choose another --out, e.g. "

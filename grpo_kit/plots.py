@@ -28,7 +28,8 @@ def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = Non
 
 
 def metrics_figure(rows: list[dict], *, show: bool = False):
-    """The figure ``plot_metrics`` saves (``frac_reward_zero_std``: groups whose completions all scored the same);
+    """The figure ``plot_metrics`` saves (``frac_reward_zero_std``: groups whose completions all scored the same;
+    ``semantic_entropy`` and ``reflection_rate``: ``grpo_kit.rewards``' metrics);
     a pyplot figure to show in a notebook, else a bare ``Figure`` (never displayed, no GUI backend)."""
     fig = plt.figure(figsize=(15, 4)) if show else Figure(figsize=(15, 4))
     ax_reward, ax_length, ax_zero = fig.subplots(1, 3)
@@ -41,7 +42,9 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
     _line(ax_length, rows, "completions/mean_length", "mean completion length")
     ax_length.set(title="Completion length", xlabel="step", ylabel="tokens")
     _line(ax_zero, rows, "frac_reward_zero_std", "groups with equal rewards")
-    ax_zero.set(title="Groups that teach nothing", xlabel="step", ylabel="share of groups", ylim=(-0.05, 1.05))
+    _line(ax_zero, rows, "semantic_entropy", "semantic entropy (answers disagree)", linestyle="--")
+    _line(ax_zero, rows, "reflection_rate", 'answers that re-check ("wait")', linestyle=":")
+    ax_zero.set(title="What the groups say", xlabel="step", ylabel="share, or entropy / log G", ylim=(-0.05, 1.05))
     return fig
 
 

@@ -11,9 +11,11 @@ outside the main thread. Every check is linear in the text length (``str.find``/
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import importlib
 import inspect
+import itertools
+import math
 import os
 import re
 import sys
@@ -25,6 +27,7 @@ from grpo_kit.answers import (
     THOUSANDS_SEPARATORS,
     answers_match,
     extract_tagged_answer,
+    normalize_number,
     strip_end_markers,
 )
 from grpo_kit.errors import GrpoKitError
@@ -151,6 +154,70 @@ def format_rate(completions, prefill=None, **kwargs) -> list[float]:
     return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
 
 
+def semantic_entropy(completions, prompts=None, prefill=None, **kwargs) -> list[float]:
+    """metric, weight 0: how much a question's G answers disagree, 0 (one number) to 1 (all different)
+
+    Each completion gets its group's discrete semantic entropy (Kuhn et al. 2023; Farquhar et al. 2024): the answers
+    are clustered by the number in their last ``<answer>`` (``grpo_kit.answers``: ``$1,000`` = ``1000``), an unreadable
+    one is a cluster of its own, and H = -sum p log p with p = |cluster| / G, divided by log G. A group is the
+    consecutive completions of one prompt, gathered from every process first (TRL may spread one over several)."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    texts = _texts(completions, prefill)
+    local = [(str(column(prompts, i)), normalize_number(extract_tagged_answer(t) or "")) for i, t in enumerate(texts)]
+    entropy = []  # gathered in TRL's order: each process's completions in turn
+    for _, group in itertools.groupby(gather_object(local), key=lambda pair: pair[0]):
+        answers = [answer or i for i, (_, answer) in enumerate(group)]  # an unreadable answer: a cluster of its own
+        shares = [answers.count(a) / len(answers) for a in set(answers)]
+        h = -sum(p * math.log(p) for p in shares) / math.log(len(answers)) if len(shares) > 1 else 0.0  # 1 cluster: 0
+        entropy += [min(h, 1.0)] * len(answers)  # all different: 1, but for the last bit of float rounding
+    offset = PartialState().process_index * len(local)  # every process holds as many completions
+    return entropy[offset : offset + len(local)]
+
+
+#: Words of an answer that re-checks itself, the "aha moment" of DeepSeek-R1's paper (whole words, any case).
+REFLECTION_PHRASES = (
+    "wait",
+    "let me check",
+    "let's check",
+    "recheck",
+    "re-check",
+    "double-check",
+    "verify",
+    "actually",
+)
+_REFLECTS = re.compile(r"\b(?:" + "|".join(map(re.escape, REFLECTION_PHRASES)) + r")\b", re.IGNORECASE)
+
+
+def reflection_rate(completions, prefill=None, **kwargs) -> list[float]:
+    """metric, weight 0: 1 when the answer re-checks itself ("wait", "let me check", ``REFLECTION_PHRASES``), else 0
+
+    A cheap proxy for the "aha moment": it counts words, not reasoning."""
+    return [1.0 if _REFLECTS.search(t) else 0.0 for t in _texts(completions, prefill)]
+
+
+def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
+    """``funcs`` as SEED-GRPO (Chen et al. 2025, arXiv 2505.12346) weighs them: with ``seed_grpo_alpha`` > 0, each
+    trained reward of a group scaled by 1 / (1 + alpha * H), H the group's ``semantic_entropy``. With
+    ``scale_rewards: none`` TRL's advantage is then (r_i - mean r) / (1 + alpha * H): the paper's A_i * f(alpha * SE /
+    SE_max) with f(x) = 1 / (1 + x), cluster mass counted (p = |C| / G) where the paper sums the answers'
+    probabilities. Metrics (weight 0) are left as they are; 0 (the default) returns ``funcs`` unchanged."""
+    alpha = recipe.kit.seed_grpo_alpha
+
+    def scaled(fn):
+        @functools.wraps(fn)  # the name TRL logs it under
+        def reward(completions, **kwargs):
+            h = semantic_entropy(completions, **kwargs)
+            return [s if s is None else s / (1 + alpha * e) for s, e in zip(fn(completions, **kwargs), h, strict=True)]
+
+        return reward
+
+    return [scaled(fn) if alpha and weight else fn for fn, (_, weight) in zip(funcs, recipe.rewards, strict=True)]
+
+
+#: The built-in rewards that are metrics: logged under their own name (weight 0 in the recipes: they never train).
+METRICS = ("format_rate", "semantic_entropy", "reflection_rate")
 #: name -> reward function, in the order of the README's reward table.
 REWARDS: dict[str, Callable[..., list[float]]] = {
     "correctness": correctness_reward,
@@ -159,6 +226,8 @@ REWARDS: dict[str, Callable[..., list[float]]] = {
     "integer": integer_reward,
     "tag_progress": tag_progress_reward,
     "format_rate": format_rate,
+    "semantic_entropy": semantic_entropy,
+    "reflection_rate": reflection_rate,
 }
 for _name, _fn in REWARDS.items():
     _fn.__name__ = _name  # TRL logs rewards/<__name__>/mean
@@ -170,6 +239,8 @@ RANGES = {
     "integer": (0.0, INTEGER_POINTS),
     "tag_progress": (0.0, 4 * TAG_POINTS),
     "format_rate": (0.0, 1.0),
+    "semantic_entropy": (0.0, 1.0),
+    "reflection_rate": (0.0, 1.0),
 }
 
 
@@ -187,7 +258,9 @@ def reward_functions(names: Sequence[str | Callable]) -> list[Callable[..., list
     """
     if isinstance(names, str) or not names:
         raise GrpoKitError(f"Rewards are a list of names, e.g. [correctness, format]; got {names!r}.")
-    named = [item if isinstance(item, str) else reward_name(item) for item in names]
+    from trl.trainer.utils import get_callable_name  # a Python function's name in TRL's logs
+
+    named = [item if isinstance(item, str) else get_callable_name(item) for item in names]
     if duplicates := sorted({name for name in named if named.count(name) > 1}):
         raise GrpoKitError(
             f"Reward {duplicates[0]!r} is named twice; name it once and give it a larger weight (two different "
@@ -196,23 +269,9 @@ def reward_functions(names: Sequence[str | Callable]) -> list[Callable[..., list
     return [_reward_function(item.strip() if isinstance(item, str) else item) for item in names]
 
 
-def reward_name(fn) -> str:
-    """A Python reward's name in TRL's logs and run.json: ``package.module:function`` when that imports it back (a
-    resume from the command line finds it), else TRL's own name for it (a notebook cell's function, a lambda, a
-    ``functools.partial``: the function's name; a callable object: its class's)."""
-    from trl.trainer.utils import get_callable_name
-
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if module and module != "__main__" and "<" not in qualname:  # not a lambda or a nested function
-        with contextlib.suppress(Exception):
-            if getattr(importlib.import_module(module), qualname, None) is fn:
-                return f"{module}:{qualname}"
-    return get_callable_name(fn)
-
-
 def _reward_function(name: str | Callable) -> Callable[..., list[float]]:
     if not isinstance(name, str):
-        return _checked_callable(name, repr(name))
+        return name  # a function passed in Python: used as it is
     if name in REWARDS:
         return REWARDS[name]
     module, _, function = name.partition(":")  # config._check refused unknown bare names (no ":")
@@ -237,13 +296,9 @@ def _reward_function(name: str | Callable) -> Callable[..., list[float]]:
             )
             + "."
         ) from None
-    return _checked_callable(fn, f"{module}.{function}")
-
-
-def _checked_callable(fn, what: str) -> Callable[..., list[float]]:
     if not callable(fn) or inspect.isbuiltin(fn) or inspect.ismethoddescriptor(fn) or isinstance(fn, type):
         raise GrpoKitError(
-            f"Reward {what} is not a Python reward function (f(completions, **kwargs) -> list of floats); builtins "
-            "and classes cannot be rewards."
+            f"Reward {module}.{function} is not a Python reward function (f(completions, **kwargs) -> list of "
+            "floats); builtins and classes cannot be rewards."
         )
     return fn

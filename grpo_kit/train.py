@@ -96,7 +96,7 @@ def train(
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
     from grpo_kit.files import truncate_metrics
     from grpo_kit.planner import check_device
-    from grpo_kit.rewards import reward_functions
+    from grpo_kit.rewards import reward_functions, seed_grpo
 
     # --- Recipe: the run folder is its output_dir; vLLM that cannot be imported here is turned off, and said so
     recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
@@ -114,7 +114,7 @@ def train(
     if dataset is None:  # an offline Hub or a bad file is reported here
         dataset = load_gsm8k(data, split="train", lenient=lenient)
     check_dataset_size(len(dataset), config, source=label)
-    funcs = reward_functions(recipe.reward_funcs)  # package.module:function rewards are imported now
+    funcs = seed_grpo(reward_functions(recipe.reward_funcs), recipe)  # module:function rewards are imported now
     # Chat template, worked examples, prefill; over-long prompts dropped (and counted). The tokenizer is the model's
     # own, loaded once (models.load_tokenizer); Unsloth's loader returns it with the same chat template.
     tokenizer = models.load_tokenizer(models.resolve_model_id(recipe.model.model_name_or_path))

@@ -56,7 +56,7 @@ def test_cpu_answers_recipe_runs_one_step_on_arithmetic(tiny_model_dir, tmp_path
     assert result.steps == 1
     info = json.loads((result.run_dir / "run.json").read_text())
     assert info["data"] == "arithmetic"
-    assert info["reward_names"] == ["correctness", "format_rate"]
+    assert info["reward_names"] == ["correctness", "format_rate", "semantic_entropy", "reflection_rate"]
     row = read_metrics(result.metrics_path)[0]
     assert "reward/correctness" in row
     assert (result.adapter_dir / "adapter_config.json").is_file()

@@ -572,7 +572,7 @@ CASES = [
         "reward-weights-count",
         "settings",
         (*TRAIN, "--data", "sample", "--set", "reward_weights=[5,5]"),
-        ("3 reward_funcs", "2 reward_weights", "one weight per reward"),
+        ("5 reward_funcs", "2 reward_weights", "one weight per reward"),
     ),
     Case(
         "unknown-reward",
@@ -1094,7 +1094,7 @@ CASES = [
         "eval-out-is-a-folder",
         "output",
         ("eval", "--data", "sample", "--out", "{tmp}/data"),
-        ("{tmp}/data is a folder", "--out {tmp}/data/eval.json"),
+        ("name a .json file", "--out {tmp}/data/eval.json"),
         _folder(),
     ),
     Case(

@@ -212,6 +212,30 @@ def test_train_runs_the_t4_recipe_through_unsloths_trainer_and_resumes(unsloth_l
     assert json.loads((tmp_path / "run" / "run.json").read_text())["resumed_from_step"] == 1
 
 
+def test_seed_grpo_scales_the_rewards_unsloths_trainer_learns_from(unsloth_loader, tiny_model_dir, tmp_path):
+    """SEED-GRPO through Unsloth's patched trainer: a reward of 1 for every completion, in groups whose answers all
+    differ (a random model writes no number: every answer a cluster of its own, semantic entropy 1), reaches the
+    trainer as 1 / (1 + alpha * 1) = 0.5 at alpha 1, and the semantic entropy is logged as a metric."""
+    from grpo_kit.files import read_metrics
+    from grpo_kit.train import train
+
+    def ones(completions, **kwargs):
+        return [1.0] * len(completions)
+
+    recipe = load_recipe(
+        "t4-16gb",
+        model_name_or_path=str(tiny_model_dir),
+        **T4_ON_A_CPU,
+        reward_funcs=[ones, "semantic_entropy"],
+        reward_weights=[1.0, 0.0],
+        seed_grpo_alpha=1.0,
+        scale_rewards="none",
+    )
+    result = train(recipe, data="sample", output_dir=tmp_path / "run")
+    (row,) = read_metrics(result.metrics_path)
+    assert row["semantic_entropy"] == 1.0 and row["reward/ones"] == pytest.approx(0.5) == row["reward"]
+
+
 def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(
     unsloth_loader, tiny_model_dir, tmp_path, monkeypatch, capsys
 ):

@@ -15,7 +15,18 @@ from grpo_kit.rewards import RANGES, REWARDS, reward_functions
 
 GOOD = "<think>\nNatalia sold 48 / 2 = 24 clips in May.\n48 + 24 = 72\n</think>\n<answer>\n72\n</answer>"
 GOLD = "72"
-BUILT_IN = ["correctness", "format", "tag_count", "integer", "tag_progress", "format_rate"]
+BUILT_IN = [
+    "correctness",
+    "format",
+    "tag_count",
+    "integer",
+    "tag_progress",
+    "format_rate",
+    "semantic_entropy",
+    "reflection_rate",
+]
+#: Metrics of a group or of the words used, not of the answer: no single best completion reaches their maximum.
+GROUP_METRICS = ("semantic_entropy", "reflection_rate")
 
 
 def run(name, completion, answer=GOLD, prefill=None):
@@ -341,8 +352,8 @@ def test_conversational_and_plain_completions_score_the_same(name):
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_odd_completion_objects_score_like_empty_text(name):
     odd = [None, [], [{"role": "assistant"}], [{"role": "assistant", "content": None}], 42, {"content": 7}]
-    empty = REWARDS[name]([""], answer=[GOLD])[0]
-    assert REWARDS[name](odd, answer=[GOLD] * len(odd)) == [empty] * len(odd)
+    empty = REWARDS[name]([""] * len(odd), answer=[GOLD] * len(odd))
+    assert REWARDS[name](odd, answer=[GOLD] * len(odd)) == empty
 
 
 def test_multimodal_content_parts_are_joined():
@@ -410,13 +421,94 @@ def test_scores_stay_within_the_documented_range(name):
 def test_the_best_completion_reaches_every_upper_bound():
     best = score_all([GOOD], GOLD)[0]
     for name, (_, high) in RANGES.items():
-        assert best[name] == high, name
+        assert best[name] == (0.0 if name in GROUP_METRICS else high), name
     assert score_all(["</answer></answer>" + "x" * 1000], GOLD)[0]["tag_count"] == RANGES["tag_count"][0]
 
 
 def test_format_rate_is_the_share_in_format():
     texts = [GOOD, "<answer>72</answer>", "a</think><answer>7</answer>"]
     assert REWARDS["format_rate"](texts, prefill=["", "", "<think>"]) == [1.0, 0.0, 1.0]
+
+
+# ----------------------------------------------------------------------------------------------- what a group says
+
+
+def answer(text: str) -> str:
+    return f"<think>\nsome working\n</think>\n<answer>{text}</answer>"
+
+
+@pytest.mark.parametrize(
+    ("answers", "expected"),
+    [
+        (["12", "12", "$12", "14"], -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4)),  # {12: 3, 14: 1}
+        (["1,000", "1000", "1 000", "1000.0"], 0.0),  # one number, written four ways
+        (["1", "2", "3", "4"], 1.0),
+        (["seven", "no idea", "7", "7"], -(2 * 0.25 * math.log(0.25) + 0.5 * math.log(0.5)) / math.log(4)),
+        (["?", "??", "???", "????"], 1.0),  # every unreadable answer is a cluster of its own
+        (["12"], 0.0),  # a group of one: nothing to disagree with
+    ],
+)
+def test_semantic_entropy_of_a_group_by_hand(answers, expected):
+    scores = REWARDS["semantic_entropy"]([answer(a) for a in answers], prompts=["q"] * len(answers))
+    assert scores == pytest.approx([expected] * len(answers), abs=1e-12)
+
+
+def test_semantic_entropy_takes_each_prompts_completions_as_its_group():
+    texts = [answer(a) for a in ("5", "5", "5", "6", "8", "9")]
+    scores = REWARDS["semantic_entropy"](texts, prompts=["q1"] * 4 + ["q2"] * 2)
+    h = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25)) / math.log(4)
+    assert scores == pytest.approx([h] * 4 + [1.0] * 2)
+    chat = [[{"role": "user", "content": "q"}]] * 2  # conversational prompts, as TRL passes them
+    assert REWARDS["semantic_entropy"]([answer("1"), answer("2")], prompts=chat) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>3 + 4 = 7. Wait, let me check: 3 + 4 = 7.</think><answer>7</answer>", 1.0),
+        ("<think>7. Actually it is 8.</think><answer>8</answer>", 1.0),
+        ("I will double-check this.", 1.0),
+        ("<think>3 + 4 = 7</think><answer>7</answer>", 0.0),
+        ("await the awaited result; overweight", 0.0),  # whole words only
+    ],
+)
+def test_reflection_rate_finds_answers_that_check_themselves(text, expected):
+    assert REWARDS["reflection_rate"]([text]) == [expected]
+
+
+def test_seed_grpo_scales_each_groups_advantages_by_its_semantic_entropy():
+    """SEED-GRPO as a reward-side transform: with scale_rewards none, TRL's advantages of the scaled rewards are the
+    paper's A_i / (1 + alpha * H) for the trained rewards; a metric (weight 0) is left as it is."""
+    import torch
+
+    from grpo_kit.config import load_recipe
+    from grpo_kit.rewards import seed_grpo
+
+    recipe = load_recipe("cpu-answers", seed_grpo_alpha=2.0, scale_rewards="none")
+    funcs = seed_grpo(reward_functions(recipe.reward_funcs), recipe)
+    assert [fn.__name__ for fn in funcs] == recipe.kit.reward_funcs  # the names TRL logs
+    texts, golds = [answer(a) for a in ("7", "7", "8", "9", "7", "7", "7", "7")], ["7"] * 8
+    prompts = ["q1"] * 4 + ["q2"] * 4
+    plain = torch.tensor(REWARDS["correctness"](texts, answer=golds)).view(2, 4)  # [[2, 2, 0, 0], [2, 2, 2, 2]]
+    scaled = torch.tensor(funcs[0](texts, answer=golds, prompts=prompts)).view(2, 4)
+    h = torch.tensor(REWARDS["semantic_entropy"](texts, prompts=prompts)).view(2, 4)[:, :1]  # (groups, 1)
+    # TRL 1.15 with scale_rewards="none": advantages = rewards - group mean
+    advantage = lambda r: r - r.mean(dim=1, keepdim=True)  # noqa: E731
+    assert torch.allclose(advantage(scaled), advantage(plain) / (1 + 2.0 * h))
+    assert h[0, 0] > 0 and h[1, 0] == 0  # the unsure group learns less, the sure one as much as before
+    assert funcs[1] is REWARDS["format_rate"]
+    off = load_recipe("cpu-answers")  # seed_grpo_alpha 0: the rewards as they are
+    assert seed_grpo(reward_functions(off.reward_funcs), off) == [REWARDS[name] for name in off.kit.reward_funcs]
+
+
+def test_seed_grpo_needs_unscaled_rewards():
+    from grpo_kit.config import load_recipe
+    from grpo_kit.errors import GrpoKitError
+
+    with pytest.raises(GrpoKitError, match="seed_grpo_alpha needs scale_rewards: none"):
+        load_recipe("cpu-answers", seed_grpo_alpha=1.0)  # the recipe divides by the group's std
+    with pytest.raises(GrpoKitError, match="seed_grpo_alpha=-1.0 cannot be meant"):
+        load_recipe("cpu-answers", seed_grpo_alpha=-1, scale_rewards="none")
 
 
 # ----------------------------------------------------------------------------------------------- reward_functions

@@ -155,3 +155,43 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     assert json.loads((run_dir / "run.json").read_text())["reward_names"] == ["char_codes"]
     assert not list(run_dir.glob(".adapter.*"))  # no staging folder left behind
     assert done.stdout.count("steps: 2") == 1  # one summary, from the main process
+
+
+#: TRL hands each process a consecutive slice of the generation batch; here the first group's 4 answers are split
+#: between the 2 processes (12, 12, 12 | 14), the second group's are on process 1 alone (5, 6).
+ENTROPY_SCRIPT = """
+import json, sys
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from grpo_kit.rewards import REWARDS
+
+state = PartialState(cpu=True)
+answers = [["12", "12", "12"], ["14", "5", "6"]][state.process_index]
+prompts = [["q1", "q1", "q1"], ["q1", "q2", "q2"]][state.process_index]
+texts = [f"<think>x</think><answer>{a}</answer>" for a in answers]
+mine = REWARDS["semantic_entropy"](texts, prompts=prompts)
+everything = gather_object([(state.process_index, mine)])
+if state.is_main_process:
+    open(sys.argv[1], "w").write(json.dumps(everything))
+state.destroy_process_group()  # gloo aborts a process that exits with its group still up
+"""
+
+
+@pytest.mark.slow
+def test_semantic_entropy_of_a_group_spread_over_two_processes_is_that_of_one_process(tmp_path):
+    """A group's answers split between 2 CPU processes (gloo, `accelerate launch`): each process's completions get the
+    figure one process computes for the whole group."""
+    from grpo_kit.rewards import REWARDS
+
+    script, out = tmp_path / "entropy.py", tmp_path / "entropy.json"
+    script.write_text(ENTROPY_SCRIPT)
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    command = [accelerate, "launch", "--config_file", str(CONFIGS / "cpu-2proc.yaml"), str(script), str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    by_rank = dict(json.loads(out.read_text()))
+    texts = [f"<think>x</think><answer>{a}</answer>" for a in ("12", "12", "12", "14", "5", "6")]
+    whole = REWARDS["semantic_entropy"](texts, prompts=["q1"] * 4 + ["q2"] * 2)
+    assert [by_rank[0], by_rank[1]] == [whole[:3], whole[3:]]  # each rank's own completions, as one process
+    assert 0 < whole[0] == whole[3] < 1 and whole[4] == 1.0

@@ -305,6 +305,18 @@ def test_the_t4_check_sees_epsilon_high_and_the_accumulation(nb):
     assert abs(ours - nb.grpo_loss(logps, old, advantages, mask, "bnpo", accumulation_steps=4).item()) > 1e-4
 
 
+def test_the_semantic_entropy_worked_out_by_hand_is_the_kits_metric(nb):
+    import random
+
+    from grpo_kit.rewards import REWARDS
+
+    rng = random.Random(0)
+    for _ in range(300):
+        numbers = [rng.choice(["1", "2", "3", "40", None]) for _ in range(rng.randint(1, 8))]  # None: no number
+        texts = [f"<think>x</think><answer>{n}</answer>" if n else "I am not sure." for n in numbers]
+        assert nb.group_entropy(numbers) == pytest.approx(REWARDS["semantic_entropy"](texts)[0], abs=1e-12)
+
+
 def fresh_run(path: Path = NOTEBOOK):
     """The notebook run top to bottom in a new kernel. Its stderr (library warnings, which differ between machines)
     is left out, and no timings are recorded, so what a run prints is the same on every machine."""

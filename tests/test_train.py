@@ -177,7 +177,7 @@ def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
     rows = read_metrics(result.metrics_path)
     assert "reward/toy_length" in rows[0]
     recorded = json.loads((result.run_dir / "run.json").read_text())["recipe"]
-    assert recorded["reward_funcs"] == [f"{__name__}:toy_length"] and recorded["reward_weights"] == [2.0]
+    assert recorded["reward_funcs"] == ["toy_length"] and recorded["reward_weights"] == [2.0]
 
 
 class Scorer:

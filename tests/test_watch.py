@@ -66,10 +66,10 @@ def test_zero_variance_share_is_plotted():
     from grpo_kit.plots import metrics_figure  # helper H's plotting module
 
     rows = [
-        {"step": 1, "reward": 0.1, "frac_reward_zero_std": 1.0},
-        {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.25},
+        {"step": 1, "reward": 0.1, "frac_reward_zero_std": 1.0, "semantic_entropy": 0.9, "reflection_rate": 0.0},
+        {"step": 2, "reward": 0.5, "frac_reward_zero_std": 0.25, "semantic_entropy": 0.4, "reflection_rate": 0.125},
     ]
     fig = metrics_figure(rows)
-    zero = fig.axes[2]
-    assert zero.get_title() == "Groups that teach nothing"
-    assert list(zero.lines[0].get_ydata()) == [1.0, 0.25]
+    groups = fig.axes[2]
+    assert groups.get_title() == "What the groups say"
+    assert [list(line.get_ydata()) for line in groups.lines] == [[1.0, 0.25], [0.9, 0.4], [0.0, 0.125]]
