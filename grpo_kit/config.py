@@ -354,12 +354,12 @@ def _check(recipe: Recipe) -> None:
             "nothing (all advantages are zero). Give at least one reward a weight, e.g. reward_weights: "
             "[1.0, ...]."
         )
-    python = {name for name, f in zip(kit.reward_funcs, recipe.reward_funcs, strict=True) if not isinstance(f, str)}
-    unknown = [r for r in kit.reward_funcs if ":" not in r and r not in REWARDS and r not in python]
+    unknown = [f for f in recipe.reward_funcs if isinstance(f, str) and ":" not in f and f not in REWARDS]
     if unknown:  # package.module:function names are imported (and checked) by train before any weights load
         raise GrpoKitError(
-            f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} "
-            "or write package.module:function."
+            f"Recipe {name}: unknown reward {unknown[0]!r}; choose from {', '.join(REWARDS)} or write "
+            "package.module:function (a function passed in Python, as a run's run.json names it, is passed again "
+            "itself: train(load_recipe(..., reward_funcs=[...]), resume=True))."
         )
     if kit.seed_grpo_alpha and config.scale_rewards != "none":  # the std division would cancel the group's scale
         raise GrpoKitError(

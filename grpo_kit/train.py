@@ -214,7 +214,6 @@ def cli_train(args) -> int:
     ``--set`` changes, then ``train``, the summary and the curves."""
     from grpo_kit.config import build_recipe, load_recipe, parse_set
     from grpo_kit.plots import plot_metrics
-    from grpo_kit.rewards import REWARDS
 
     changes = parse_set(args.set)
     if "output_dir" in changes:
@@ -223,13 +222,6 @@ def cli_train(args) -> int:
     recorded = info.get("recipe") or {}
     changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
     if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)
-        python = [r for r in info.get("reward_names", []) if ":" not in r and r not in REWARDS]
-        if python:
-            raise GrpoKitError(
-                f"{args.output} was trained with Python reward function(s) {', '.join(python)} passed to train(), "
-                "which the command line cannot import. Resume it from Python with the same functions: "
-                f"train(load_recipe(..., reward_funcs=[...]), output_dir={str(args.output)!r}, resume=True)."
-            )
         # the folder may have moved since (Drive), so its recorded output_dir is not kept
         recipe = build_recipe({**{k: v for k, v in recorded.items() if k != "output_dir"}, **changes})
         print(f"recipe: {recipe.name}, as recorded in {Path(args.output) / 'run.json'}")

@@ -16,8 +16,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-#: The marker of the tests that run the real Unsloth (tests/test_real_unsloth.py).
-REAL_UNSLOTH = "real_unsloth"
+#: The marker of the tests that run the real Unsloth (tests/test_real_unsloth.py), and the real vLLM's CPU build
+#: (tests/test_real_vllm.py): each only in a pytest process of its own, ``pytest -m <marker>``.
+REAL_UNSLOTH, REAL_VLLM = "real_unsloth", "real_vllm"
 
 
 def pytest_configure(config):
@@ -29,6 +30,10 @@ def pytest_configure(config):
     go to a temporary folder, not the checkout; its torch.compile pass is off (on 2 CPU cores it spends about a minute
     tracing the first step: benchmarks/bench_real_unsloth.py).
     """
+    if config.option.markexpr.strip() == REAL_VLLM:
+        from vllm_cpu import use_the_cpu_build
+
+        return use_the_cpu_build()
     if config.option.markexpr.strip() != REAL_UNSLOTH:
         return
     packages = Path(sys.prefix) / "unsloth-cpu"  # where `make test` installs Unsloth and its CPU dependencies
@@ -47,10 +52,11 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without ``-m real_unsloth`` the real-Unsloth tests are left out (deselected, not skipped): see above."""
-    if config.option.markexpr.strip() == REAL_UNSLOTH:
+    """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above."""
+    tier = config.option.markexpr.strip()
+    if tier in (REAL_UNSLOTH, REAL_VLLM):
         return
-    keep = [item for item in items if item.get_closest_marker(REAL_UNSLOTH) is None]
+    keep = [item for item in items if not (item.get_closest_marker(REAL_UNSLOTH) or item.get_closest_marker(REAL_VLLM))]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep

@@ -1,0 +1,52 @@
+"""PyPI's CPU build of vLLM under TRL's colocated engine: what a CPU needs that no GPU does, in this one place, used by
+``pytest -m real_vllm`` (tests/conftest.py, tests/test_real_vllm.py) and benchmarks/bench_vllm_cpu.py. The kit's own
+commands never import it: the kit refuses vLLM on a CPU, where the engine's start costs more than it saves over a CPU
+recipe's few steps (README, benchmarks/bench_vllm_cpu.py).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+#: Where ``make test`` installs vLLM's CPU build and what it needs beyond .venv (tests/requirements-vllm-cpu.txt).
+PACKAGES = Path(sys.prefix) / "vllm-cpu"
+
+
+def use_the_cpu_build() -> None:
+    """Put ``PACKAGES`` first on ``sys.path`` and adjust vLLM for a CPU, before anything imports vLLM's models:
+
+    - vLLM's CPU linear layers hand their weights to oneDNN after loading and keep an empty ``Parameter``
+      (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``, vllm/model_executor/layers/utils.py), so TRL's
+      weight sync, which loads the trained weights into the engine every step, finds nothing to load into. Here the
+      layers keep their weights and compute with ``F.linear``;
+    - on a CPU the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (TRL's ``vllm_gpu_memory_utilization`` is a share of
+      a GPU): 1 GiB holds the tests' sequences many times over.
+    """
+    if PACKAGES.is_dir():
+        sys.path.insert(0, str(PACKAGES))
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    try:
+        import torch.nn.functional as F
+        import vllm.model_executor.layers.utils as layer_utils
+    except ImportError as error:
+        import pytest
+
+        raise pytest.UsageError(
+            f"vLLM's CPU build is missing ({error}): `make test` installs it in {PACKAGES}."
+        ) from error
+
+    def keep_weights(layer, remove_weight):
+        layer.cpu_linear = F.linear
+
+    layer_utils.dispatch_cpu_unquantized_gemm = keep_weights
+
+
+def allow_on_this_cpu(setattr_=setattr) -> None:
+    """Lift the kit's one refusal of vLLM without a GPU (``planner.check_device``); every other check stays.
+    ``setattr_``: a ``pytest.MonkeyPatch``'s, to undo it after a test."""
+    import grpo_kit.planner as planner
+
+    check = planner.check_device
+    setattr_(planner, "check_device", lambda recipe, device: check(recipe.replace(use_vllm=False), device))
