@@ -515,7 +515,7 @@ STAGE_COMMAND = (
 
 
 def device_calls(
-    index: dict, stages: int = 3, call_bytes: int = CALL_MIB * MIB, folder: str = "gpu-bundle", stash: Path = STASH
+    index: dict, stages: int = 4, call_bytes: int = CALL_MIB * MIB, folder: str = "gpu-bundle", stash: Path = STASH
 ) -> list[dict]:
     """The back-to-back device calls that carry the bundle and run the proof's stages: ``{"carry", "command"}``.
 

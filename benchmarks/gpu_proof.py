@@ -1,13 +1,13 @@
 """GPU proof: does every GPU tier really fit and run on its card? One command, any CUDA machine, no internet.
 
-For each GPU tier preset (t4-16gb, l4-24gb, a100-40gb, a100-80gb) and each supported architecture (Llama-3.1-8B,
-Qwen2.5-Math-7B, Qwen2.5-1.5B) it builds a random-initialised model of the exact shape from a config written here
-(no download), with the embedded model's tokenizer, and runs the kit's real path - ``grpo_kit.train.train``: Unsloth
-4-bit (or 16-bit, per tier) load, LoRA, a few GRPO steps with the tier's batch shape - with every completion forced
-to full length (the worst case for memory) and the process's GPU memory capped to the tier's card
-(``torch.cuda.set_per_process_memory_fraction``). Then the same steps with plain TRL + PEFT + bitsandbytes (the kit's
-``transformers`` backend, no Unsloth) for a speed and memory ratio, and an export round trip (lora and merged16,
-verified by ``grpo_kit.export``) on the small shape.
+For each GPU tier preset (rtx-8gb, rtx-12gb, t4-16gb, l4-24gb, a100-40gb, a100-80gb) and each supported architecture
+(Llama-3.1-8B, Qwen2.5-Math-7B, Qwen2.5-1.5B) it builds a random-initialised model of the exact shape from a config
+written here (no download), with the embedded model's tokenizer, and runs the kit's real path -
+``grpo_kit.train.train``: Unsloth 4-bit (or 16-bit, per tier) load, LoRA, a few GRPO steps with the tier's batch
+shape - with every completion forced to full length (the worst case for memory) and the process's GPU memory capped
+to the tier's card (``torch.cuda.set_per_process_memory_fraction``). Then the same steps with plain TRL + PEFT +
+bitsandbytes (the kit's ``transformers`` backend, no Unsloth) for a speed and memory ratio, and an export round trip
+(lora and merged16, verified by ``grpo_kit.export``) on the small shape.
 
 Each run is its own subprocess (a CUDA OOM, or Unsloth's process-wide patching, must not touch the next run) with a
 timeout; a failure becomes a row, never a crash. Results: ``<out>/gpu_proof.json`` and ``<out>/gpu_proof.md`` (a
@@ -43,7 +43,7 @@ if (ROOT / "grpo_kit").is_dir() and str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # run from a checkout; from the bundle the kit is installed
 
 GIB = 2**30
-TIERS = ("t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb")
+TIERS = ("rtx-8gb", "rtx-12gb", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb")
 #: The export round trip runs on the small shape under the smallest tier.
 EXPORT_ARCH, EXPORT_TIER = "qwen2.5-1.5b", "t4-16gb"
 #: Where the proof finds the tokenizer when it is not given: the bundle's copy (docs/VRAM.md sets it).
@@ -168,13 +168,14 @@ class Run:
 
 #: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, 15 minutes of device
 #: time in all, a cold machine after ~30 s idle). One device call per stage (``benchmarks/gpu_bundle.py calls``), each
-#: within ``STAGE_SECONDS``, each independent of the others. All under the T4 tier's 14.7 GiB cap: the real weights,
+#: within ``STAGE_SECONDS``, each independent of the others. Under the T4 tier's 14.7 GiB cap: the real weights,
 #: the 1.5B fallback and its export; the 8B's GRPO steps; the 8B's export under the cap (Unsloth merges shard by
-#: shard where it is installed; checked weight by weight).
+#: shard where it is installed; checked weight by weight). Then the consumer tiers under their 7.7 and 11.7 GiB caps.
 STAGES = {
     1: (Run("kit", "t4-16gb", REAL), Run("kit", "t4-16gb", "qwen2.5-1.5b"), Run("export", "t4-16gb", "qwen2.5-1.5b")),
     2: (Run("kit", "t4-16gb", "llama-3.1-8b"),),
     3: (Run("export", "t4-16gb", "llama-3.1-8b"),),
+    4: (Run("kit", "rtx-8gb", "qwen2.5-1.5b"), Run("kit", "rtx-12gb", "llama-3.1-8b")),
 }
 STAGE_SECONDS = 480
 

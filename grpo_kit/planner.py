@@ -296,8 +296,8 @@ def check_device(recipe, device) -> None:
 
 def auto_recipe(device=None) -> tuple[str, str]:
     """``(recipe name, why)`` for ``device`` (detected when None): ``cpu`` without a GPU, else the largest tier the
-    card reaches (within ``TIER_TOLERANCE``) and runs as shipped (no bf16 tier without bf16); below every tier the
-    smallest, and ``why`` names the smaller model to switch to."""
+    card reaches (within ``TIER_TOLERANCE``) in its precision (bf16 tiers on a card with bf16, the T4's fp16 tier
+    otherwise); below every tier the smallest, and ``why`` names the smaller model to switch to."""
     from grpo_kit.config import load_recipe, recipe_names
     from grpo_kit.models import detect_device
 
@@ -308,15 +308,19 @@ def auto_recipe(device=None) -> tuple[str, str]:
             "format; the cpu-answers recipe teaches one-step arithmetic)"
         )
     tiers = [r for r in map(load_recipe, recipe_names()) if r.kit.vram_gb > 0]
-    runnable = [r for r in tiers if device.bf16 or not r.grpo.bf16] or tiers
+    runnable = [r for r in tiers if r.grpo.bf16 == device.bf16] or tiers  # a bf16 card trains in bf16
     fitting = [r for r in runnable if device.vram_gb >= r.kit.vram_gb * TIER_TOLERANCE]
     if not fitting:
         smallest = runnable[0]
         model = "unsloth/Qwen2.5-1.5B-Instruct" + ("-bnb-4bit" if smallest.model.load_in_4bit else "")
+        advice = (  # the 8 GB tier trains the 1.5B already, and vLLM's share of the card shrinks with it
+            f"its 1.5B model plans ~{estimate_vram(smallest, card_gb=device.vram_gb).total_gib:.1f} GiB here"
+            if smallest.model.model_name_or_path == model
+            else f'use a 1.5B model (notebook 00: MODEL = "Qwen2.5-1.5B"; grpo-kit: --set model_name_or_path={model})'
+        )
         return smallest.name, (
             f"{device.name} ({device.vram_gb:.1f} GiB) is smaller than the smallest tier "
-            f"({smallest.kit.vram_gb:g} GiB): use a 1.5B model (notebook 00: MODEL = "
-            f'"Qwen2.5-1.5B"; grpo-kit: --set model_name_or_path={model})'
+            f"({smallest.kit.vram_gb:g} GiB): {advice}"
         )
     recipe = fitting[-1]
     estimate = estimate_vram(recipe, card_gb=device.vram_gb)

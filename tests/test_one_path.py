@@ -120,7 +120,7 @@ def parsed(recipe) -> tuple:
     return {k: v for k, v in recipe.grpo.to_dict().items() if k not in PER_RUN}, asdict(recipe.model), kit
 
 
-@pytest.mark.parametrize("tier", ["t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
+@pytest.mark.parametrize("tier", ["rtx-8gb", "rtx-12gb", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
 def test_notebook_00s_written_out_values_are_the_recipe_grpo_kit_train_reads(tier, monkeypatch, tmp_path, capsys):
     import grpo_kit.colab
     from grpo_kit.config import load_recipe
@@ -130,6 +130,16 @@ def test_notebook_00s_written_out_values_are_the_recipe_grpo_kit_train_reads(tie
     notebook = notebook_00("c06", **{**settings, "CPU_RUN": {}, "TIER": tier})
     assert parsed(notebook["recipe"]) == parsed(load_recipe(tier))
     assert notebook["recipe"].grpo.output_dir == str(tmp_path / "runs" / f"{tier}-colab")  # not 03's runs/<tier>
+
+
+def test_an_8gb_card_trains_its_small_model_unless_another_is_chosen(monkeypatch, tmp_path):
+    import grpo_kit.colab
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    settings = {**notebook_00("c04"), "CPU_RUN": {}, "TIER": "rtx-8gb"}
+    assert notebook_00("c06", **settings)["recipe"].name == "rtx-8gb"  # MODEL "auto": Qwen2.5-1.5B
+    chosen = notebook_00("c06", **{**settings, "MODEL": "Llama-3.1-8B"})["recipe"]
+    assert chosen.name == "rtx-8gb-llama-3.1-8b" and "Llama-3.1-8B" in chosen.model.model_name_or_path
 
 
 def test_each_model_choice_on_a_t4_fits_the_card(monkeypatch, tmp_path):
@@ -181,7 +191,7 @@ def test_notebook_00_names_the_choices_when_the_tier_or_model_is_not_one_of_them
     monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
     settings = notebook_00("c04")
     for wrong in ({"TIER": "t4"}, {"TIER": "t4-16gb", "MODEL": "llama"}):
-        with pytest.raises(ValueError, match=r"choose TIER from \['t4-16gb', .*MODEL from \['Llama-3.1-8B'"):
+        with pytest.raises(ValueError, match=r"choose TIER from \['rtx-8gb', .*MODEL from \['auto', 'Llama-3.1-8B'"):
             notebook_00("c06", **{**settings, "CPU_RUN": {}, **wrong})
 
 

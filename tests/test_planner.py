@@ -301,7 +301,11 @@ def test_too_little_memory_warns_with_the_fixes():
     "device, expected",
     [
         (CPU, "cpu"),
+        (DeviceInfo("cuda", "NVIDIA GeForce RTX 4060", 7.75, True), "rtx-8gb"),
+        (DeviceInfo("cuda", "NVIDIA GeForce RTX 3060", 11.76, True), "rtx-12gb"),
+        (DeviceInfo("cuda", "NVIDIA GeForce RTX 4080", 15.7, True), "rtx-12gb"),  # 16 GB with bf16: not the fp16 T4's
         (DeviceInfo("cuda", "Tesla T4", 14.74, False), "t4-16gb"),
+        (DeviceInfo("cuda", "Quadro RTX 5000", 15.7, False), "t4-16gb"),  # no bf16: never a bf16 consumer tier
         (DeviceInfo("cuda", "NVIDIA L4", 22.0, True), "l4-24gb"),
         (DeviceInfo("cuda", "Tesla V100-SXM2-32GB", 31.7, False), "t4-16gb"),  # 32 GiB but no bf16: the fp16 tier
         (DeviceInfo("cuda", "NVIDIA A100-SXM4-40GB", 39.4, True), "a100-40gb"),
@@ -318,10 +322,17 @@ def test_auto_recipe_picks_the_largest_tier_the_card_runs_as_shipped(device, exp
 
 
 def test_a_card_below_every_tier_is_told_which_smaller_model_to_use():
-    name, why = auto_recipe(DeviceInfo("cuda", "RTX 3060 Laptop", 5.8, True))
+    name, why = auto_recipe(DeviceInfo("cuda", "GeForce GTX 1660 Ti", 5.8, False))  # no bf16: the T4's fp16 tier
     assert name == "t4-16gb" and "model_name_or_path=unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit" in why
     smaller = load_recipe(name, model_name_or_path="unsloth/Qwen2.5-1.5B-Instruct-bnb-4bit")
     assert estimate_vram(smaller, card_gb=5.8).total_gib < estimate_vram(load_recipe(name), card_gb=5.8).total_gib
+
+
+def test_a_bf16_card_below_the_8gb_tier_gets_its_small_model_and_the_plan_for_the_card():
+    laptop = DeviceInfo("cuda", "RTX 3060 Laptop", 5.8, True)
+    name, why = auto_recipe(laptop)
+    plan = estimate_vram(load_recipe(name), card_gb=laptop.vram_gb)
+    assert name == "rtx-8gb" and f"its 1.5B model plans ~{plan.total_gib:.1f} GiB here" in why and plan.fits()
 
 
 # ------------------------------------------------------------------------------------------------ grpo-kit presets

@@ -180,7 +180,7 @@ def test_the_pinned_unsloth_is_imported_and_its_trainer_replaces_trls():
     assert type(load_recipe("t4-16gb").grpo) is trl.GRPOConfig  # the recipe builds Unsloth's config
 
 
-@pytest.mark.parametrize("name", ["cpu", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
+@pytest.mark.parametrize("name", ["cpu", "rtx-8gb", "rtx-12gb", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"])
 def test_each_recipe_builds_unsloths_config_with_its_own_values(name):
     """Unsloth's GRPOConfig replaces TRL defaults (no vLLM importance-sampling correction; epsilon_high 0.28 and
     truncated completions masked for an explicit dapo where they are unset). A recipe trains the values it states on

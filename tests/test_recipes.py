@@ -12,7 +12,7 @@ from grpo_kit.cli import main
 from grpo_kit.config import load_recipe, parse_set, recipe_names, recipes_dir
 from grpo_kit.errors import GrpoKitError
 
-TIERS = ["cpu", "cpu-4bit", "cpu-answers", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"]
+TIERS = ["cpu", "cpu-4bit", "cpu-answers", "rtx-8gb", "rtx-12gb", "t4-16gb", "l4-24gb", "a100-40gb", "a100-80gb"]
 
 
 def test_every_shipped_recipe_is_trls_own_config_with_the_files_values():
