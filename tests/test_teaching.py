@@ -5,6 +5,7 @@ lines; the notebook is saved with its outputs, which must be those of a fresh ru
 from __future__ import annotations
 
 import ast
+import math
 import re
 import types
 from pathlib import Path
@@ -250,6 +251,85 @@ def test_epsilon_high_lets_a_good_token_rise_further(nb):
     low = torch.tensor([[-0.25]], requires_grad=True)  # ratio 0.78, a bad token: the lower bound is still 0.2
     nb.clipped_surrogate(low, torch.zeros(1, 1), torch.tensor([-1.0]), epsilon_high=0.28).sum().backward()
     assert low.grad[0, 0] == 0
+
+
+#: Section 8's losses: (loss_type, the notebook's options, TRL's GRPOConfig fields for the same loss).
+FAMILY = [
+    ("cispo", {"epsilon_high": 5.0}, {"epsilon_high": 5.0}),
+    ("sapo", {}, {}),
+    ("grpo", {"level": "sequence"}, {"importance_sampling_level": "sequence"}),  # GSPO
+    ("luspo", {"level": "sequence"}, {"importance_sampling_level": "sequence"}),
+    ("vespo", {}, {}),
+    ("dapo", {"delta": 1.2}, {"delta": 1.2}),
+]
+
+
+def _trls_loss_and_gradient(nb, logps, old, advantages, mask, loss_type, entropies=None, **config):
+    """TRL's _compute_loss on one micro-batch, and its gradient with respect to the log-probabilities."""
+    import tempfile
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    logps = logps.clone().requires_grad_()
+    with tempfile.TemporaryDirectory() as folder:
+        args = GRPOConfig(output_dir=folder, bf16=False, loss_type=loss_type, max_completion_length=8, **config)
+    inputs = {
+        "prompt_ids": torch.zeros(len(mask), 1, dtype=torch.long),
+        "prompt_mask": torch.ones(len(mask), 1, dtype=torch.long),
+        "completion_ids": torch.zeros_like(mask, dtype=torch.long),
+        "completion_mask": mask,
+        "advantages": advantages,
+        "old_per_token_logps": old,
+        "num_items_in_batch": mask.sum(),
+    }
+    loss = GRPOTrainer._compute_loss(nb.TrlLossStandIn(args, logps, entropies), None, inputs)
+    loss.backward()
+    return loss.item(), logps.grad
+
+
+@pytest.mark.parametrize(("loss_type", "ours", "trls"), FAMILY)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_rest_of_trls_loss_family_matches_trl_in_value_and_gradient(nb, loss_type, ours, trls, seed):
+    logps, mask, advantages = _batch(seed)
+    old = logps + 0.3 * torch.randn_like(logps)  # off-policy enough that clipping and gating act
+    theirs, their_grad = _trls_loss_and_gradient(nb, logps, old, advantages, mask, loss_type, **trls)
+    logps = logps.clone().requires_grad_()
+    loss = nb.family_loss(nb.family_per_token(logps, old, advantages, mask, loss_type, **ours), mask, loss_type)
+    loss.backward()
+    assert loss.item() == pytest.approx(theirs, abs=1e-6)
+    assert torch.allclose(logps.grad, their_grad, atol=1e-6)  # what a step moves, not only the number logged
+
+
+@pytest.mark.parametrize("rho", [0.2, 0.5, 1.0])
+def test_top_entropy_quantile_keeps_trls_tokens(nb, rho):
+    logps, mask, advantages = _batch(4)
+    old, entropies = logps + 0.3 * torch.randn_like(logps), torch.rand_like(logps) * 2
+    keep = nb.high_entropy_mask(entropies, mask, rho)
+    theirs, their_grad = _trls_loss_and_gradient(
+        nb, logps, old, advantages, mask, "dapo", entropies=entropies, top_entropy_quantile=rho
+    )
+    logps = logps.clone().requires_grad_()
+    loss = nb.family_loss(nb.family_per_token(logps, old, advantages, mask, "dapo"), mask, "dapo", keep=keep)
+    loss.backward()
+    assert loss.item() == pytest.approx(theirs, abs=1e-6) and torch.allclose(logps.grad, their_grad, atol=1e-6)
+    assert int(keep.sum()) == (int(mask.sum()) if rho == 1.0 else pytest.approx(rho * mask.sum(), abs=1.5))
+
+
+def test_the_family_differs_where_its_papers_say(nb):
+    """CISPO keeps a gradient on tokens PPO's clip zeroes; GSPO gives a completion one ratio; delta caps a negative
+    advantage's unclipped ratio."""
+    logps = torch.tensor([[0.5, 0.0]], requires_grad=True)  # token 0's ratio e^0.5 = 1.65: clipped for A > 0
+    old, adv, mask = torch.zeros(1, 2), torch.tensor([1.0]), torch.ones(1, 2)
+    nb.family_loss(nb.family_per_token(logps, old, adv, mask, "dapo"), mask, "dapo").backward()
+    assert logps.grad[0, 0] == 0
+    logps.grad = None
+    nb.family_loss(nb.family_per_token(logps, old, adv, mask, "cispo", epsilon_high=5.0), mask, "cispo").backward()
+    assert logps.grad[0, 0] < 0
+    assert nb.sequence_ratio(logps, old, mask).item() == pytest.approx(math.exp(0.25))
+    negative = nb.family_per_token(
+        torch.tensor([[1.0]]), torch.zeros(1, 1), torch.tensor([-1.0]), torch.ones(1, 1), "dapo", delta=1.5
+    )
+    assert negative.item() == pytest.approx(1.5)  # -min(e * -1, 1.2 * -1) = e, capped at delta
 
 
 def _t4_batch(seed: int):
