@@ -36,6 +36,17 @@ LOSS_VARIANTS: dict[str, tuple[dict, str]] = {
         "GSPO: one importance ratio per completion clipped at 3e-4/4e-4; differs from grpo only when batches "
         "are reused (num_iterations > 1 or steps_per_generation > accumulation)",
     ),
+    "cispo": (
+        {"loss_type": "cispo", "epsilon_high": 5.0},
+        "CISPO (MiniMax-M1): the ratio, clipped at 5 (ScaleRL's value) and detached, weighs each token's "
+        "log-probability gradient: no token loses its gradient to clipping",
+    ),
+    "sapo": ({"loss_type": "sapo"}, "SAPO: a sigmoid gate instead of the hard clip, steeper for negative advantages"),
+    "luspo": (
+        {"loss_type": "luspo", "importance_sampling_level": "sequence"},
+        "LUSPO: GSPO's sequence ratio with each completion's loss summed over its tokens (length-unbiased)",
+    ),
+    "vespo": ({"loss_type": "vespo"}, "VESPO: a smooth Gamma weight of the sequence's importance weight, detached"),
 }
 
 
