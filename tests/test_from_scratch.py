@@ -1,0 +1,88 @@
+"""Notebook 06's GRPO, written from scratch in its cells, against TRL's own trainer.
+
+The notebook's cells run in one namespace, as the learner runs them, except the three listed in ``SKIPPED``; then its
+``same_batch_check`` (one sampled batch, one update taken on it, then the next update's loss and LoRA gradients by
+the notebook's code and by ``trl.GRPOTrainer.compute_loss``) runs at the ``cpu`` recipe's values, at the T4 recipe's
+loss settings, and for the notebook's other loss types; a loss with a known mistake must fail it. Training through
+the notebook top to bottom is nbmake's run of every notebook in ``make test``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from pathlib import Path
+
+import matplotlib
+import nbformat
+import pytest
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_grpo_from_scratch.ipynb"
+#: Cells not run here, by id: what they do is covered elsewhere.
+SKIPPED = {
+    "06-02": "the Colab install cell (tests/test_notebooks.py)",
+    "06-17": "the training run (nbmake runs the whole notebook)",
+    "06-21": "the check's printout; the tests below run the check",
+}
+
+
+@pytest.fixture(scope="module")
+def nb():
+    """The notebook's model, data, rewards and functions, after its cells ran (LoRA as initialised, not trained)."""
+    matplotlib.use("Agg")
+    namespace = types.ModuleType("notebook_06")
+    cells = nbformat.read(NOTEBOOK, as_version=4).cells
+    assert SKIPPED.keys() <= {cell.id for cell in cells}, "a skipped cell's id is gone: update SKIPPED"
+    for cell in cells:
+        if cell.cell_type == "code" and cell.id not in SKIPPED:
+            exec(compile(cell.source, str(NOTEBOOK), "exec"), namespace.__dict__)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def rows(nb):
+    """The notebook's questions with their prompts written without the worked examples: the check is about the loss,
+    and a prompt of ~60 tokens instead of ~330 makes each forward pass several times shorter on a CPU."""
+    kit = nb.recipe.kit
+    return nb.format_for_grpo(nb.questions, nb.tokenizer, few_shot=0, prefill=kit.prefill)[0]
+
+
+def check(nb, rows, settings, question: int = 0):
+    return nb.same_batch_check(nb.model, settings, rows[question])
+
+
+@pytest.mark.parametrize("label", ["cpu recipe", "T4 loss settings"])
+def test_from_scratch_loss_and_lora_gradients_are_trls(nb, rows, label):
+    settings = nb.settings[label]
+    ours, theirs, error, clipped = check(nb, rows, settings)
+    assert len(ours) == len(theirs) == settings.num_generations // settings.per_device_train_batch_size  # micro-batches
+    assert nb.agrees(ours, theirs, error), (ours, theirs, error)
+    assert clipped > 0, "the policy moved since sampling, so some ratios leave the clip range"
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
+def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type):
+    """At the T4 settings (4 micro-batches of 1): TRL divides these by the accumulation steps, as the notebook does."""
+    settings = nb.load_recipe("cpu", **{**nb.T4_LOSS, "loss_type": loss_type}).grpo
+    ours, theirs, error, _ = check(nb, rows, settings, question=1)
+    assert nb.agrees(ours, theirs, error), (ours, theirs, error)
+
+
+def ignores_old_logps(loss):
+    return lambda logps, old_logps, *args: loss(logps, logps.detach(), *args)
+
+
+def divides_by_its_own_tokens(loss):
+    """DAPO's sum divided by the micro-batch's tokens, not the generation batch's: the error TRL's
+    ``num_items_in_batch`` exists to avoid."""
+    return lambda logps, old_logps, advantages, mask, cfg, num_items: loss(
+        logps, old_logps, advantages, mask, cfg, mask.sum()
+    )
+
+
+@pytest.mark.parametrize("mistake", [ignores_old_logps, divides_by_its_own_tokens])
+def test_a_wrong_loss_fails_the_check(nb, rows, monkeypatch, mistake):
+    monkeypatch.setattr(nb, "grpo_loss", mistake(nb.grpo_loss))
+    ours, theirs, error, _ = check(nb, rows, nb.settings["T4 loss settings"], question=2)
+    assert math.isfinite(error) and any(ours), "the batch has gradients to compare"
+    assert not nb.agrees(ours, theirs, error), (ours, theirs, error)
