@@ -1,12 +1,14 @@
-"""Reward after N steps for each GRPO loss variant (``LOSS_VARIANTS`` below) on the CPU demo recipe.
+"""Held-out accuracy after N steps for each GRPO loss variant (``LOSS_VARIANTS`` below) on the cpu-answers recipe.
 
-A benchmark, not a test: one short run per variant, same seed, same data (the bundled sample), same everything but
-the loss, so every run starts from the same model and samples the same first group. Short runs on a 135M model are
-noisy; read the table as "does each variant train", not as a ranking. Measured results and how to read them (why
-dr_grpo/dapo/bnpo come out identical with one micro-batch, and why gspo and grpo still differ on-policy) are in
-docs/SCALING.md, section 4.
+A benchmark, not a test: one short run per variant, the same seed, the same data (one-step synthetic arithmetic),
+the same everything but the loss, so every run starts from the same model and samples the same first group. Then
+each adapter answers the same held-out problems (``arithmetic`` test split, greedy, the training prompt), and the
+table gives its strict accuracy with the 95 % Wilson interval and its change against ``dapo`` (the recipes' loss),
+paired on the same questions (Newcombe's interval, exact McNemar; ``grpo_kit.evaluate``). Short runs on a 135M model
+are noisy: read the table as "does each variant train", not as a ranking. Measured results, and how to read them,
+are in docs/SCALING.md, section 3.
 
-    .venv/bin/python benchmarks/bench_loss_types.py [--steps 4] [--last 2] [--variants grpo,gspo] [--threads 2]
+    .venv/bin/python benchmarks/bench_loss_types.py [--steps 4] [--questions 100] [--variants grpo,gspo] [--threads 2]
 """
 
 from __future__ import annotations
@@ -50,45 +52,59 @@ LOSS_VARIANTS: dict[str, tuple[dict, str]] = {
 }
 
 
-def run_variant(name: str, steps: int, workdir: Path) -> list[dict]:
+def run_variant(name: str, steps: int, workdir: Path, questions):
+    """Train variant ``name`` for ``steps`` on the cpu-answers recipe; ``(its history, its held-out result)``."""
+    from bench_seed_grpo import held_out  # the SEED-GRPO bench's held-out evaluation, beside this file
+
     from grpo_kit.config import load_recipe
     from grpo_kit.train import train
 
     fields = LOSS_VARIANTS[name][0] if name in LOSS_VARIANTS else {"loss_type": name}  # a variant is --set keys
-    preset = load_recipe("cpu", **fields, max_steps=steps, save_steps=steps)
-    return train(preset, data="sample", output_dir=workdir / name).history
-
-
-def mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else float("nan")
+    recipe = load_recipe("cpu-answers", **fields, max_steps=steps, save_steps=steps)
+    run = train(recipe, data="arithmetic", output_dir=workdir / name)
+    return run.history, held_out(recipe, run, questions, name)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant")
-    parser.add_argument("--last", type=int, default=2, help="average the reward over the last N steps")
+    parser.add_argument("--steps", type=int, default=4, help="GRPO steps per variant (the recipe has 10)")
+    parser.add_argument("--questions", type=int, default=100, help="held-out problems (the split holds 200)")
     parser.add_argument("--variants", default=",".join(LOSS_VARIANTS), help="comma-separated variant names")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     os.environ["GRPO_KIT_THREADS"] = str(args.threads)
-    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.evaluate import paired_difference, wilson
 
-    rows = []
+    names = [n.strip() for n in args.variants.split(",") if n.strip()]
+    questions = load_gsm8k("arithmetic", split="test", limit=args.questions, seed=0)
+    results, rows = {}, []
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             start = time.perf_counter()
-            history = run_variant(name, args.steps, Path(tmp))
-            seconds = time.perf_counter() - start
+            history, results[name] = run_variant(name, args.steps, Path(tmp), questions)
             rewards = [row["reward"] for row in history if "reward" in row]
-            formats = [row.get("format_rate", float("nan")) for row in history if "reward" in row]
-            rows.append((name, rewards[0], mean(rewards[-args.last :]), mean(formats[-args.last :]), seconds))
-            print(f"{name}: rewards per step {[round(r, 3) for r in rewards]}", flush=True)
+            rows.append((name, rewards, time.perf_counter() - start))
+            print(f"{name}: rewards per step {[round(r, 3) for r in rewards]}; {results[name].summary()}", flush=True)
 
-    print(f"\ncpu preset, bundled sample, {args.steps} steps per variant, {args.threads} threads")
-    print(f"| variant | reward step 1 | reward, last {args.last} steps | format rate, last {args.last} | seconds |")
+    print(
+        f"\ncpu-answers recipe, {args.steps} steps per variant, {len(questions)} held-out problems, "
+        f"{args.threads} threads"
+    )
+    print("| variant | reward, first -> last step | held-out strict accuracy [95 %] | against dapo, paired | seconds |")
     print("|---|---|---|---|---|")
-    for name, first, last, fmt, seconds in rows:
-        print(f"| {name} | {first:.3f} | {last:.3f} | {fmt:.2f} | {seconds:.0f} |")
+    for name, rewards, seconds in rows:
+        result = results[name]
+        low, high = wilson(round(result.accuracy_strict * result.n), result.n)
+        versus = "-"
+        if "dapo" in results and name != "dapo":
+            change = paired_difference(*([r["correct_strict"] for r in results[k].rows] for k in ("dapo", name)))
+            low_d, high_d = change.interval
+            versus = (
+                f"{100 * change.difference:+.1f} pts [{100 * low_d:+.1f}, {100 * high_d:+.1f}], p={change.p_value:.2f}"
+            )
+        accuracy = f"{100 * result.accuracy_strict:.1f} % [{100 * low:.1f}, {100 * high:.1f}]"
+        print(f"| {name} | {rewards[0]:.3f} -> {rewards[-1]:.3f} | {accuracy} | {versus} | {seconds:.0f} |")
     print()
     for name in names:
         print(f"{name}: {LOSS_VARIANTS[name][1]}" if name in LOSS_VARIANTS else f"{name}: TRL loss_type")

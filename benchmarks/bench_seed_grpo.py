@@ -44,6 +44,25 @@ def curve(history: list[dict]) -> list[tuple]:
     ]
 
 
+def held_out(recipe, run, questions, label: str):
+    """``run``'s adapter on the held-out ``questions``: greedy, with the prompt and the token budget it trained with."""
+    from grpo_kit.evaluate import evaluate
+    from grpo_kit.models import load_inference_model
+
+    model, tokenizer = load_inference_model(recipe.model.model_name_or_path, run.adapter_dir)
+    return evaluate(
+        model,
+        tokenizer,
+        questions,
+        max_new_tokens=recipe.grpo.max_completion_length,
+        batch_size=16,
+        few_shot=recipe.kit.few_shot,
+        prefill=recipe.kit.prefill,
+        label=label,
+        progress=False,
+    )
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, help="GRPO steps (default: the cpu-answers preset's)")
@@ -56,8 +75,7 @@ def main(argv=None) -> int:
 
     from grpo_kit.config import load_recipe
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate, paired_difference, wilson
-    from grpo_kit.models import load_inference_model
+    from grpo_kit.evaluate import paired_difference, wilson
     from grpo_kit.train import train
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-seed-grpo-"))
@@ -73,19 +91,7 @@ def main(argv=None) -> int:
         print(f"\n{name}: {run.steps} steps in {run.seconds:.0f} s\nstep  semantic entropy  sampled right")
         for step, entropy, right in curve(run.history):
             print(f"{step:>4}{entropy:>17.3f}{100 * right:>14.1f} %")
-        model, tokenizer = load_inference_model(recipe.model.model_name_or_path, run.adapter_dir)
-        kit = recipe.kit
-        results[name] = evaluate(
-            model,
-            tokenizer,
-            questions,
-            max_new_tokens=recipe.grpo.max_completion_length,
-            batch_size=16,
-            few_shot=kit.few_shot,
-            prefill=kit.prefill,
-            label=name,
-            progress=False,
-        )
+        results[name] = held_out(recipe, run, questions, name)
     print(f"\nheld-out strict accuracy, {args.questions} arithmetic test problems, greedy:")
     for name, result in results.items():
         low, high = wilson(round(result.accuracy_strict * result.n), result.n)
