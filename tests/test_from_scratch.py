@@ -13,7 +13,6 @@ import math
 import types
 from pathlib import Path
 
-import matplotlib
 import nbformat
 import pytest
 
@@ -29,7 +28,6 @@ SKIPPED = {
 @pytest.fixture(scope="module")
 def nb():
     """The notebook's model, data, rewards and functions, after its cells ran (LoRA as initialised, not trained)."""
-    matplotlib.use("Agg")
     namespace = types.ModuleType("notebook_06")
     cells = nbformat.read(NOTEBOOK, as_version=4).cells
     assert SKIPPED.keys() <= {cell.id for cell in cells}, "a skipped cell's id is gone: update SKIPPED"
