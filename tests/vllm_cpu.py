@@ -26,6 +26,14 @@ def use_the_cpu_build() -> None:
     """
     if PACKAGES.is_dir():
         sys.path.insert(0, str(PACKAGES))
+        # vLLM inspects a model's architecture in a child process (`python -m vllm.model_executor.models.registry`)
+        # whenever its cache has no record of it, as on a fresh machine: that process must find vLLM too.
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGES), os.environ.get("PYTHONPATH")]))
+    # vLLM's compile cache is keyed by the model and vLLM's settings, not by the CPU kernels torch was told to use: C++
+    # generated for this CPU's vector instructions fails to build under ATEN_CPU_CAPABILITY=default. So one cache per
+    # kernel set, in the folder `make test` owns rather than the user's ~/.cache/vllm.
+    capability = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
+    os.environ.setdefault("VLLM_CACHE_ROOT", str(PACKAGES.parent / "vllm-cpu-cache" / capability))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     try:
         import torch.nn.functional as F
