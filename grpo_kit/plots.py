@@ -45,6 +45,7 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
     _line(ax_zero, rows, "semantic_entropy", "semantic entropy (answers disagree)", linestyle="--")
     _line(ax_zero, rows, "reflection_rate", 'answers that re-check ("wait")', linestyle=":")
     ax_zero.set(title="What the groups say", xlabel="step", ylabel="share, or entropy / log G", ylim=(-0.05, 1.05))
+    ax_zero.legend(fontsize=8)
     return fig
 
 

@@ -73,3 +73,9 @@ def test_zero_variance_share_is_plotted():
     groups = fig.axes[2]
     assert groups.get_title() == "What the groups say"
     assert [list(line.get_ydata()) for line in groups.lines] == [[1.0, 0.25], [0.9, 0.4], [0.0, 0.125]]
+    legend = [text.get_text() for text in groups.get_legend().get_texts()]  # three lines on one scale: named
+    assert legend == [
+        "groups with equal rewards",
+        "semantic entropy (answers disagree)",
+        'answers that re-check ("wait")',
+    ]
