@@ -59,11 +59,14 @@ def test_from_scratch_loss_and_lora_gradients_are_trls(nb, rows, label):
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
-def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type):
-    """At the T4 settings (4 micro-batches of 1): TRL divides these by the accumulation steps, as the notebook does."""
-    settings = nb.load_recipe("cpu", **{**nb.T4_LOSS, "loss_type": loss_type}).grpo
+def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type, tmp_path, monkeypatch):
+    """At the T4 settings (4 micro-batches of 1): TRL divides these by the accumulation steps, as the notebook does.
+    The trainers it builds write nothing where it runs (their ``output_dir`` is the recipe's temporary one)."""
+    monkeypatch.chdir(tmp_path)
+    settings = nb.recipe.replace(**{**nb.T4_LOSS, "loss_type": loss_type}).grpo  # its output_dir: a temporary one
     ours, theirs, error, _ = check(nb, rows, settings, question=1)
     assert nb.agrees(ours, theirs, error), (ours, theirs, error)
+    assert list(tmp_path.iterdir()) == []
 
 
 def ignores_old_logps(loss):
