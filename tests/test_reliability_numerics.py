@@ -10,6 +10,7 @@ import math
 from types import SimpleNamespace
 
 import pytest
+from tiny_cli import tiny_recipe, varied
 
 from grpo_kit.callbacks import (
     GuardedReward,
@@ -186,38 +187,6 @@ def test_nan_losses_reach_the_logs():
 # ------------------------------------------------------------------------------------------------ real runs
 
 
-def _tiny(tiny_model_dir, reward: str, **changes):
-    settings = dict(
-        model_name_or_path=str(tiny_model_dir),
-        reward_funcs=[reward],
-        reward_weights=[1.0],
-        max_steps=3,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        learning_rate=0.05,
-        save_steps=1,
-        logging_steps=1,
-        few_shot=0,
-    )
-    settings.update(changes)
-    return load_recipe("cpu", **settings)
-
-
-def varied(completions, **kwargs):
-    """Completion length / 100: random text always varies, so every group has an advantage to learn from."""
-    return [len(c[-1]["content"] if isinstance(c, list) else c) / 100 for c in completions]
-
-
-@pytest.fixture
-def varied_reward(monkeypatch):
-    from grpo_kit.rewards import REWARDS
-
-    monkeypatch.setitem(REWARDS, "varied", varied)
-    return "varied"
-
-
 def nan_after_first_step(completions, trainer_state=None, **kwargs):
     """Healthy on step 1, then NaN for one completion per batch (TRL's nanmean would hide it in the logged mean)."""
     broken = trainer_state is not None and trainer_state.global_step >= 1
@@ -231,7 +200,11 @@ def test_nan_reward_stops_the_run_at_its_step(tiny_model_dir, tmp_path, monkeypa
     monkeypatch.setitem(REWARDS, "nan_after_first_step", nan_after_first_step)
     run_dir = tmp_path / "run"
     with pytest.raises(NumericsError) as info:
-        train(_tiny(tiny_model_dir, "nan_after_first_step"), data="arithmetic", output_dir=run_dir)
+        train(
+            tiny_recipe(tiny_model_dir, max_steps=3, reward_funcs=["nan_after_first_step"], reward_weights=[1]),
+            data="arithmetic",
+            output_dir=run_dir,
+        )
     assert info.value.step == 2 and info.value.metric == "reward/nan_after_first_step"
     assert "checkpoint-1" in str(info.value)  # the last good checkpoint, to resume from
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1]
@@ -239,7 +212,7 @@ def test_nan_reward_stops_the_run_at_its_step(tiny_model_dir, tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path, varied_reward):
+def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path):
     """NaN in the training forward pass only (generation runs without grad and stays healthy)."""
     import torch
     from transformers import TrainerCallback
@@ -251,14 +224,19 @@ def test_nan_loss_stops_the_run(tiny_model_dir, tmp_path, varied_reward):
 
     run_dir = tmp_path / "run"
     with pytest.raises(NumericsError) as info:
-        train(_tiny(tiny_model_dir, varied_reward), data="arithmetic", output_dir=run_dir, callbacks=(PoisonLoss(),))
+        train(
+            tiny_recipe(tiny_model_dir, max_steps=3, reward_funcs=[varied], reward_weights=[1]),
+            data="arithmetic",
+            output_dir=run_dir,
+            callbacks=(PoisonLoss(),),
+        )
     assert info.value.step == 1 and info.value.metric == "loss" and math.isnan(info.value.value)
     assert not (run_dir / "checkpoint-1").exists()  # raised before the step's checkpoint: nothing broken is saved
     assert "No complete checkpoint" in str(info.value)
 
 
 @pytest.mark.slow
-def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir, tmp_path, varied_reward, monkeypatch):
+def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir, tmp_path, monkeypatch):
     """lr 1e30 without clipping: step 1 blows the weights up, step 2's generation then samples from NaN."""
     from grpo_kit import config
 
@@ -266,7 +244,9 @@ def test_exploding_weights_are_reported_not_a_sampling_traceback(tiny_model_dir,
         config.MEANT_VALUES, "learning_rate"
     )  # the recipe check refuses such a rate: here it must get through
     run_dir = tmp_path / "run"
-    recipe = _tiny(tiny_model_dir, varied_reward, learning_rate=1e30, max_grad_norm=0.0)
+    recipe = tiny_recipe(
+        tiny_model_dir, max_steps=3, reward_funcs=[varied], reward_weights=[1], learning_rate=1e30, max_grad_norm=0.0
+    )
     with pytest.raises(NumericsError) as info:
         train(recipe, data="arithmetic", output_dir=run_dir)
     assert info.value.step == 2

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from filelock import FileLock
-from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_train_args
+from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_recipe, tiny_train_args, varied
 
 from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
 from grpo_kit.cli import main
@@ -392,18 +392,11 @@ def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(t
     assert latest_checkpoint(run_dir).name == "checkpoint-3"
 
 
-def varied(completions, **kwargs):
-    """Completion length / 100: random text always varies, so every group has an advantage to learn from."""
-    return [len(c[-1]["content"] if isinstance(c, list) else c) / 100 for c in completions]
-
-
 @pytest.mark.slow
 def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_dir, tmp_path, monkeypatch):
     """The last update overflows the weights (as an inf learning rate does): its loss was logged before the update,
     so the NumericsGuard sees nothing, and only the check of the saved adapter stops the run being called done."""
     from transformers import TrainerCallback
-
-    from grpo_kit.rewards import REWARDS
 
     class OverflowLastUpdate(TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -411,22 +404,8 @@ def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_di
                 with torch.no_grad():
                     next(p for n, p in model.named_parameters() if "lora_B" in n).fill_(INF)
 
-    monkeypatch.setitem(REWARDS, "varied", varied)
     run_dir = tmp_path / "run"
-    recipe = load_recipe(
-        "cpu",
-        model_name_or_path=str(tiny_model_dir),
-        max_steps=2,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        save_steps=1,
-        logging_steps=1,
-        few_shot=0,
-        reward_funcs=["varied"],
-        reward_weights=[1.0],
-    )
+    recipe = tiny_recipe(tiny_model_dir, reward_funcs=[varied], reward_weights=[1.0])
     with pytest.raises(NumericsError, match="final adapter.*damaged-adapter.old-") as info:
         train(recipe, data="arithmetic", output_dir=run_dir, callbacks=(OverflowLastUpdate(),))
     assert info.value.step == 2 and info.value.metric == "the final adapter"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_cli import tiny_recipe
 
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
@@ -108,24 +109,6 @@ def test_resume_without_a_run_folder_is_explained(tmp_path):
         train(load_recipe("cpu"), data="sample", output_dir=tmp_path / "missing", resume=True)
 
 
-def _tiny_preset(tiny_model_dir, **changes):
-    settings = dict(
-        model_name_or_path=str(tiny_model_dir),
-        max_steps=2,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        learning_rate=0.05,
-        save_steps=1,
-        logging_steps=1,
-        few_shot=0,
-        max_prompt_length=512,
-    )
-    settings.update(changes)
-    return load_recipe("cpu", **settings)
-
-
 def toy_length(completions, **kwargs):
     """Reward = completion length in characters / 100: random text always varies, so every group has variance."""
     texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -139,7 +122,7 @@ def test_two_step_run_changes_lora_weights_and_writes_adapter(tiny_model_dir, tm
     from grpo_kit.rewards import REWARDS
 
     monkeypatch.setitem(REWARDS, "toy_length", toy_length)
-    recipe = _tiny_preset(tiny_model_dir, reward_funcs=["toy_length", "format_rate"], reward_weights=[1.0, 0.0])
+    recipe = tiny_recipe(tiny_model_dir, reward_funcs=["toy_length", "format_rate"], reward_weights=[1.0, 0.0])
     result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     assert result.steps == 2
     assert (result.adapter_dir / "adapter_config.json").is_file()
@@ -172,7 +155,7 @@ def test_the_recipes_seed_decides_the_lora_initialisation(tiny_model_dir):
 
 def test_a_reward_function_passed_directly_trains(tiny_model_dir, tmp_path):
     """A reward written by the learner (in a notebook cell, say) is passed as a function, no registry involved."""
-    recipe = _tiny_preset(tiny_model_dir, max_steps=1, reward_funcs=[toy_length], reward_weights=[2.0])
+    recipe = tiny_recipe(tiny_model_dir, max_steps=1, reward_funcs=[toy_length], reward_weights=[2.0])
     result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     rows = read_metrics(result.metrics_path)
     assert "reward/toy_length" in rows[0]
@@ -199,7 +182,7 @@ def test_lambdas_nested_functions_partials_and_callable_objects_are_rewards(tiny
         return [scale * score for score in toy_length(completions)]
 
     rewards = [lambda completions, **kwargs: toy_length(completions), nested, functools.partial(scaled, scale=2.0)]
-    recipe = _tiny_preset(tiny_model_dir, max_steps=1, reward_funcs=[*rewards, Scorer()], reward_weights=[1, 1, 1, 1])
+    recipe = tiny_recipe(tiny_model_dir, max_steps=1, reward_funcs=[*rewards, Scorer()], reward_weights=[1, 1, 1, 1])
     assert recipe.kit.reward_funcs == ["<lambda>", "nested", "scaled", "Scorer"]
     result = train(recipe, data="arithmetic", output_dir=tmp_path / "run")
     assert {"reward/<lambda>", "reward/nested", "reward/scaled", "reward/Scorer"} <= set(
@@ -230,10 +213,10 @@ def test_a_run_of_python_rewards_resumes_from_python_not_the_command_line(tmp_pa
 @pytest.mark.slow
 def test_resume_continues_at_the_right_step(tiny_model_dir, tmp_path):
     run_dir = tmp_path / "run"
-    preset = _tiny_preset(tiny_model_dir, max_steps=2)
+    preset = tiny_recipe(tiny_model_dir, max_steps=2)
     train(preset, data="arithmetic", output_dir=run_dir)
     assert latest_checkpoint(run_dir).name == "checkpoint-2"
-    resumed = train(_tiny_preset(tiny_model_dir, max_steps=3), data="arithmetic", output_dir=run_dir, resume=True)
+    resumed = train(tiny_recipe(tiny_model_dir, max_steps=3), data="arithmetic", output_dir=run_dir, resume=True)
     assert resumed.steps == 3
     assert [row["step"] for row in read_metrics(run_dir / "metrics.jsonl")] == [1, 2, 3]
     assert latest_checkpoint(run_dir).name == "checkpoint-3"

@@ -35,22 +35,16 @@ def test_reward_models_and_async_rewards_pass_unwrapped():
 
 
 def test_train_shows_completions(tiny_model_dir, tmp_path, capsys, monkeypatch):
-    from grpo_kit.config import load_recipe
+    from tiny_cli import tiny_recipe
+
     from grpo_kit.rewards import REWARDS
     from grpo_kit.train import train
 
     monkeypatch.setitem(REWARDS, "toy_length", length)
     monkeypatch.setenv("COLUMNS", "200")  # rich's width off a terminal: the reward columns' names fit
-    recipe = load_recipe(
-        "cpu",
-        model_name_or_path=str(tiny_model_dir),
+    recipe = tiny_recipe(
+        tiny_model_dir,
         max_steps=1,
-        num_generations=2,
-        per_device_train_batch_size=2,
-        gradient_accumulation_steps=1,
-        max_completion_length=8,
-        save_steps=1,
-        few_shot=0,
         reward_funcs=["toy_length", "format_rate"],
         reward_weights=[1.0, 0.0],
         log_completions=True,

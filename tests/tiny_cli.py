@@ -1,4 +1,5 @@
-"""Command-line arguments for a tiny CPU run, shared by the tests that drive ``grpo-kit train`` as a user would."""
+"""A tiny CPU run, shared by tests: command-line arguments for those that drive ``grpo-kit train`` as a user would,
+a recipe for those that call ``train()``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ def tiny_train_args(data: str | None = None, **settings) -> list[str]:
     """``--preset cpu [--data DATA] --set KEY=VALUE ...`` with ``TINY_SETTINGS`` and then ``settings``."""
     sets = [token for key, value in {**TINY_SETTINGS, **settings}.items() for token in ("--set", f"{key}={value}")]
     return ["--preset", "cpu", *(("--data", data) if data else ()), *sets]
+
+
+def tiny_recipe(model_dir, **changes):
+    """The ``cpu`` recipe on the tiny random model (conftest's ``tiny_model_dir``) with ``TINY_SETTINGS``: 2 steps,
+    a checkpoint and a metrics row at each, then ``changes``."""
+    from grpo_kit.config import load_recipe
+
+    settings = {**TINY_SETTINGS, "gradient_accumulation_steps": 1, "max_steps": 2, "save_steps": 1, "logging_steps": 1}
+    # 0.05, not the recipe's 5e-4: one step of a 2-layer random model then visibly changes what it samples
+    return load_recipe("cpu", model_name_or_path=str(model_dir), **{**settings, "learning_rate": 0.05, **changes})
 
 
 def recorded_values(**settings) -> dict:
