@@ -63,7 +63,7 @@ def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type, tm
     """At the T4 settings (4 micro-batches of 1): TRL divides these by the accumulation steps, as the notebook does.
     The trainers it builds write nothing where it runs (their ``output_dir`` is the recipe's temporary one)."""
     monkeypatch.chdir(tmp_path)
-    settings = nb.recipe.replace(**{**nb.T4_LOSS, "loss_type": loss_type}).grpo  # its output_dir: a temporary one
+    settings = nb.recipe.replace(**{**nb.T4_LOSS, "loss_type": loss_type}).grpo
     ours, theirs, error, _ = check(nb, rows, settings, question=1)
     assert nb.agrees(ours, theirs, error), (ours, theirs, error)
     assert list(tmp_path.iterdir()) == []

@@ -393,7 +393,7 @@ def test_real_finished_run_resumes_to_nothing_and_a_larger_max_steps_continues(t
 
 
 @pytest.mark.slow
-def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_dir, tmp_path, monkeypatch):
+def test_real_run_whose_last_update_breaks_the_weights_is_not_done(tiny_model_dir, tmp_path):
     """The last update overflows the weights (as an inf learning rate does): its loss was logged before the update,
     so the NumericsGuard sees nothing, and only the check of the saved adapter stops the run being called done."""
     from transformers import TrainerCallback
