@@ -271,9 +271,10 @@ class ScheduleToMaxSteps(TrainerCallback):
 
 
 class MetricsLogger(TrainerCallback):
-    """The run's record (``runs.Run``): its ``run.json`` as training begins, then each training log as one line of
-    ``metrics.jsonl`` (the plots and resume read it), each ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is
-    the one meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch."""
+    """The run's record (``runs.Run``): its ``run.json`` as training begins, and its history, the Trainer's
+    ``log_history`` (restored with a checkpoint: what a killed run logged after it is gone), as ``metrics.jsonl`` after
+    each log (the plots and resume read it), each ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one
+    meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch."""
 
     def __init__(self, run):
         self.run = run
@@ -281,17 +282,21 @@ class MetricsLogger(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             self.run.record()
+            self.on_log(args, state, control)  # a resumed run's history as far as its checkpoint
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or not state.is_world_process_zero or "train_runtime" in logs:
+        if not state.is_world_process_zero:
             return
-        row = {"step": state.global_step}
-        for key, value in logs.items():
-            if key.startswith("rewards/") and key.endswith("/mean"):
-                name = key[8:-5]
-                key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
-            row[key] = value
-        self.run.log(row)
+        rows = []
+        for logged in state.log_history:
+            row = {"step": logged.get("step")}
+            for key, value in logged.items():
+                if key.startswith("rewards/") and key.endswith("/mean"):
+                    name = key[8:-5]
+                    key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
+                row[key] = value
+            rows += [] if "train_runtime" in logged else [row]
+        self.run.write_history(rows)
 
 
 def _excerpt(text: str, length: int = 80) -> str:

@@ -419,11 +419,10 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
 def _base_and_prompt(model: str | None, adapter: str | None) -> tuple[str, dict[str, Any]]:
     """``(base model, prompt settings)`` for ``eval`` and ``chat``: ``model``, else the base the adapter's run recorded,
     else embedded; and the prompt it trained with (``runs.Run.prompt``: its run's, or an export's ``prompt.json``)."""
-    from grpo_kit.runs import Run
+    from grpo_kit.runs import PLAIN_PROMPT, Run
 
-    run = Run.of(adapter or model) if adapter or (model and Path(model).is_dir()) else None
-    plain = {"few_shot": 0, "prefill": "", "system_prompt": None}
-    return model or (run and run.base_model) or "embedded", (run and run.prompt) or plain
+    run = Run.of(adapter or model or "embedded")
+    return model or run.base_model or "embedded", run.prompt or PLAIN_PROMPT
 
 
 def ask(

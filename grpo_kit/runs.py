@@ -22,7 +22,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
-from grpo_kit.adapters import adapter_problem, trained_base
+from grpo_kit.adapters import adapter_config, adapter_problem
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import (
     atomic_write_text,
@@ -130,26 +130,29 @@ _SECRET = ("token", "secret", "password", "api_key")  # ``--set hub_token=...`` 
 #: The prompt a model was trained with, in each export folder (``Run.write_prompt``): where ``eval --model``, ``chat
 #: --model`` and a user's own code (the model card says how) find it.
 PROMPT_FILE = "prompt.json"
+PLAIN_PROMPT = {"few_shot": 0, "prefill": "", "system_prompt": None}  # a model without one: the question alone
 
 
 class Run:
     """One run folder (``dir``) and what the kit keeps in it (the layout above). ``Run.open`` for training,
     ``Run.of`` for what eval, chat and export are given; ``trained`` is the adapter (or exported model) folder asked
-    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()`` (or the end of a ``with``).
+    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()``
+    (``with contextlib.closing(Run.open(...)) as run:``).
     """
 
-    def __init__(self, folder: str | os.PathLike, *, trained=None, recipe=None, data: str | None = None):
+    def __init__(self, folder, *, trained=None, recipe=None, data=None):
         self.dir, self.recipe, self.data = Path(folder), recipe, data
         self.trained = Path(trained) if trained else self.dir / "adapter"
+        self.metrics_path = self.dir / "metrics.jsonl"  # the history: one JSON line per log (callbacks.MetricsLogger)
         self.checkpoint: str | None = None  # the complete checkpoint training resumes from (trainer.train takes it)
         self._lock: FileLock | None = None
 
     @classmethod
-    def of(cls, path: str | os.PathLike) -> Run:
+    def of(cls, path) -> Run:
         """The run behind ``path``: a run folder, its ``adapter/`` or a ``checkpoint-N/`` (or an export's ``lora/``
-        or ``merged16/``, whose ``prompt.json`` records the prompt; a Hub id has no run)."""
+        or ``merged16/``, whose ``prompt.json`` records the prompt; a Hub id, no folder here, has no run)."""
         path = Path(path)
-        return cls(path if path.is_dir() and is_run_folder(path) else path.resolve().parent, trained=path)
+        return cls(path.resolve().parent if path.is_dir() and not is_run_folder(path) else path, trained=path)
 
     @classmethod
     def open(cls, folder, *, recipe=None, data: str | None = None, resume=False, restart=False, is_main=True) -> Run:
@@ -218,12 +221,6 @@ class Run:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
-
-    def __enter__(self) -> Run:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # --- resume
 
@@ -325,12 +322,9 @@ class Run:
     def record(self) -> Path:
         """Write ``run.json`` atomically, as training begins (``callbacks.MetricsLogger``): the recipe's values as set
         (secrets masked; a Python reward by its name), data, rewards, versions, and the step a resumed run continued
-        from (its learning rate then follows the schedule for this ``max_steps``). The history logged after that step
-        is cut: it is logged again."""
+        from (its learning rate then follows the schedule for this ``max_steps``)."""
         from importlib.metadata import version
 
-        if self.resumed_from is not None:
-            self.keep_history(self.resumed_from)
         values = {k: "***" if any(w in k.lower() for w in _SECRET) else v for k, v in self.recipe.values.items()}
         if "reward_funcs" in values:
             values["reward_funcs"] = list(self.recipe.kit.reward_funcs)
@@ -344,42 +338,39 @@ class Run:
         self.__dict__.pop("info", None)  # read again when asked
         return atomic_write_text(self.dir / "run.json", json.dumps(info, indent=2, default=str))
 
-    # --- the history: metrics.jsonl, one JSON line per log (callbacks.MetricsLogger)
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.dir / "metrics.jsonl"
+    # --- the history
 
     @property
     def history(self) -> list[dict]:
         return read_metrics(self.metrics_path)
 
-    def log(self, row: dict) -> None:
-        with open(self.metrics_path, "a", encoding="utf-8") as handle:
-            handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
-
-    def keep_history(self, last_step: int) -> None:
-        """Drop rows logged after ``last_step`` (a resumed run logs them again)."""
-        rows = [row for row in self.history if row.get("step", 0) <= last_step]
-        atomic_write_text(self.metrics_path, "".join(dumps_finite(row) + "\n" for row in rows))
+    def write_history(self, rows: list[dict]) -> None:
+        atomic_write_text(self.metrics_path, "".join(dumps_finite(row) + "\n" for row in rows))  # NaN/inf: null
 
     @property
     def steps(self) -> int | None:
-        """Optimizer steps behind ``trained``: a checkpoint's ``trainer_state.json``, else the last logged step."""
-        from transformers import TrainerState
-
-        if (state := self.trained / "trainer_state.json").is_file():
-            return TrainerState.load_from_json(str(state)).global_step
-        return max((row["step"] for row in self.history if isinstance(row.get("step"), int)), default=None)
+        """Optimizer steps behind ``trained``: a ``checkpoint-N``'s N (its global step), else the last logged step."""
+        return checkpoint_step(self.trained) or max(
+            (row["step"] for row in self.history if isinstance(row.get("step"), int)), default=None
+        )
 
     # --- what it was trained with, and its evaluations
 
     @property
     def base_model(self) -> str | None:
-        """The model ``trained`` (an adapter) was trained on: the recipe's, else its ``adapter_config.json``'s."""
-        if (self.trained / "adapter_config.json").is_file():
-            return trained_base(self.trained, self.info.get("recipe") or {})
-        return None
+        """The model ``trained`` (an adapter) was trained on: its run's recipe ``model_name_or_path``, else the one its
+        ``adapter_config.json`` names, if it is on this machine; None for a folder that is no adapter."""
+        if model := (self.info.get("recipe") or {}).get("model_name_or_path"):
+            return str(model)
+        if not (self.trained / "adapter_config.json").is_file():
+            return None
+        recorded = adapter_config(self.trained).base_model_name_or_path
+        if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
+            return recorded
+        raise GrpoKitError(
+            f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
+            "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct)."
+        )
 
     @property
     def prompt(self) -> dict[str, Any] | None:
@@ -388,8 +379,7 @@ class Run:
         recipe = self.info.get("recipe") or {}
         if not recipe and (exported := self.trained / PROMPT_FILE).is_file():
             recipe = json.loads(exported.read_text(encoding="utf-8"))
-        settings = {"few_shot": 0, "prefill": "", "system_prompt": None}
-        return {key: recipe.get(key, default) for key, default in settings.items()} if recipe else None
+        return {key: recipe.get(key, default) for key, default in PLAIN_PROMPT.items()} if recipe else None
 
     def write_prompt(self, folder: Path) -> None:
         """``folder/prompt.json``: the training prompt's settings, and for any other code the chat messages that come

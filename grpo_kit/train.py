@@ -11,6 +11,7 @@ and reward wrappers, ``metrics.jsonl`` and the numeric and reward guards (``call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -127,7 +128,7 @@ def train(
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
     # a resume must be the run its run.json records; a folder that holds no run is refused untouched
-    with runs.Run.open(run_dir, recipe=recipe, data=source, resume=resume, is_main=is_main) as run:
+    with contextlib.closing(runs.Run.open(run_dir, recipe=recipe, data=source, resume=resume, is_main=is_main)) as run:
         PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
         if run.finished:  # the Trainer would run one step more
             return _result(run, run.restore_adapter(is_main), run.resumed_from, 0.0, already_finished=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import closing
 from types import SimpleNamespace
 
 import pytest
@@ -155,9 +156,9 @@ def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
     from filelock import FileLock, Timeout
 
     run_dir = tmp_path / "run"
-    with runs.Run.open(run_dir) as run:
+    with closing(runs.Run.open(run_dir)) as run:
         assert run.checkpoint is None and (run_dir / runs.PID_NAME).read_text() == str(os.getpid())
-        with runs.Run.open(run_dir) as again:  # this process's own lock: a notebook cell run again
+        with closing(runs.Run.open(run_dir)) as again:  # this process's own lock: a notebook cell run again
             assert again.checkpoint is None
         with pytest.raises(Timeout):  # still held by the first: any other opener of the lock file is refused
             FileLock(run_dir / runs.LOCK_NAME, blocking=False).acquire()

@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+from contextlib import closing
 
 import pytest
 import torch
@@ -175,16 +176,18 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
 
     path = tmp_path / "metrics.jsonl"
     logger = MetricsLogger(Run(tmp_path))
-    for step, loss in ((1, 0.5), (2, INF), (3, NAN)):
-        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
-        logger.on_log(None, state, None, logs={"loss": loss, "learning_rate": INF})
+    state = SimpleNamespace(is_world_process_zero=True, log_history=[])
+    for step, loss in ((1, 0.5), (2, INF), (3, NAN)):  # as the Trainer logs: into log_history, then on_log
+        state.log_history.append({"loss": loss, "learning_rate": INF, "step": step})
+        logger.on_log(None, state, None, logs=state.log_history[-1])
     rows = [_strict_json(line) for line in path.read_text().splitlines()]
     assert [(row["step"], row["loss"], row["learning_rate"]) for row in rows] == [
         (1, 0.5, None),
         (2, None, None),
         (3, None, None),
     ]
-    Run(tmp_path).keep_history(2)
+    state.log_history = state.log_history[:2]  # resumed from checkpoint-2: the Trainer restores its log_history
+    logger.on_log(None, state, None, logs=None)
     assert [_strict_json(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
@@ -306,7 +309,7 @@ def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fak
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
     with (
         pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from"),
-        Run.open(tmp_path, resume=True) as run,
+        closing(Run.open(tmp_path, resume=True)) as run,
     ):
         assert run.checkpoint == str(tmp_path / "checkpoint-2")
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
@@ -326,7 +329,7 @@ def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(
     weights.write_bytes(data[: len(data) - 7])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
     with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-"):
-        with Run.open(tmp_path, resume=True, is_main=True) as run:
+        with closing(Run.open(tmp_path, resume=True, is_main=True)) as run:
             assert run.checkpoint == str(tmp_path / "checkpoint-2")
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
     assert (aside / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
