@@ -289,13 +289,14 @@ class MetricsLogger(TrainerCallback):
             return
         rows = []
         for logged in state.log_history:
-            row = {"step": logged.get("step")}
-            for key, value in logged.items():
-                if key.startswith("rewards/") and key.endswith("/mean"):
-                    name = key[8:-5]
-                    key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
-                row[key] = value
-            rows += [] if "train_runtime" in logged else [row]
+            if "train_runtime" not in logged:  # the Trainer's closing summary is no step
+                row = {"step": logged["step"]}  # first, as the Trainer adds it last
+                for key, value in logged.items():
+                    if key.startswith("rewards/") and key.endswith("/mean"):
+                        name = key[8:-5]
+                        key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
+                    row[key] = value
+                rows.append(row)
         self.run.write_history(rows)
 
 

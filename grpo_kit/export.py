@@ -358,14 +358,14 @@ def model_card(info: Mapping[str, Any]) -> str:
         if info["evals"]
         else ["", "## Evaluation", "", "No evaluation attached."]
     )
-    for name, m in (info["evals"] or {}).items():
+    for name, m in info["evals"].items():
         cells = [
             "?" if m.get(k) is None else f"{100 * m[k]:.1f} %"
             for k in ("accuracy_strict", "accuracy_lenient", "format_rate")
         ]
         tokens = "?" if m.get("mean_completion_tokens") is None else f"{m['mean_completion_tokens']:.1f}"
         lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
-    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
+    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in info["evals"].values() if m.get("protocol")))
     if protocols:
         lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
     lines += [
@@ -578,8 +578,7 @@ def export(
                     shutil.copy2(item, staging / "lora" / item.name)
                 tokenizer.save_pretrained(staging / "lora")
                 results.append(dataclasses.replace(check_lora(staging / "lora", adapter_dir), lora_effect=effect))
-                if prompt:
-                    run.write_prompt(staging / "lora")
+                run.write_prompt(staging / "lora")
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
@@ -607,8 +606,7 @@ def export(
                 else:
                     _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16")
                 results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
-                if prompt:
-                    run.write_prompt(staging / "merged16")
+                run.write_prompt(staging / "merged16")
             answered = None
             if answers and prompt and "merged16" in wanted:
                 length = int(recipe.get("max_completion_length") or 256)

@@ -18,7 +18,6 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
 
 from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
@@ -144,18 +143,18 @@ class Run:
         self.dir, self.recipe, self.data = Path(folder), recipe, data
         self.trained = Path(trained) if trained else self.dir / "adapter"
         self.metrics_path = self.dir / "metrics.jsonl"  # the history: one JSON line per log (callbacks.MetricsLogger)
-        self.checkpoint: str | None = None  # the complete checkpoint training resumes from (trainer.train takes it)
-        self._lock: FileLock | None = None
+        self.checkpoint = None  # the complete checkpoint training resumes from (trainer.train takes it)
+        self._lock = None  # a FileLock while training
 
     @classmethod
-    def of(cls, path) -> Run:
+    def of(cls, path):
         """The run behind ``path``: a run folder, its ``adapter/`` or a ``checkpoint-N/`` (or an export's ``lora/``
         or ``merged16/``, whose ``prompt.json`` records the prompt; a Hub id, no folder here, has no run)."""
         path = Path(path)
         return cls(path.resolve().parent if path.is_dir() and not is_run_folder(path) else path, trained=path)
 
     @classmethod
-    def open(cls, folder, *, recipe=None, data: str | None = None, resume=False, restart=False, is_main=True) -> Run:
+    def open(cls, folder, *, recipe=None, data=None, resume=False, restart=False, is_main=True):
         """Lock and create the run folder for training; with ``resume``, find the checkpoint to continue from
         (``checkpoint``). ``restart`` sets an existing folder aside (renamed, never deleted) and starts anew. Never
         deletes user data, and a folder that holds files but no run is refused before anything is written there.
@@ -175,12 +174,12 @@ class Run:
             raise GrpoKitError(
                 f"--resume: there is no run folder {run.dir}. Check --output, or drop --resume to start a new run."
             )
-        held = [i.name for i in run.dir.iterdir() if i.name not in (LOCK_NAME, PID_NAME)] if run.dir.is_dir() else []
+        held = run._files()
         if held and not is_run_folder(run.dir):  # the user's own files: never trained over, never moved
             raise GrpoKitError(
                 f"{run.dir} is not a grpo-kit run folder (no run.json or checkpoint-N) and holds other files "
-                f"({', '.join(sorted(held)[:3])}{', ...' if len(held) > 3 else ''}); nothing there was touched. Choose "
-                "another --output: a new or empty folder such as runs/my-run."
+                f"({', '.join(item.name for item in held[:3])}{', ...' if len(held) > 3 else ''}); nothing there was "
+                "touched. Choose another --output: a new or empty folder such as runs/my-run."
             )
         if held and not resume:
             raise GrpoKitError(
@@ -199,7 +198,7 @@ class Run:
 
     # --- the lock
 
-    def lock(self) -> None:
+    def lock(self):
         """Take the run folder's lock, or refuse naming the PID that holds it: two processes training into one folder
         would interleave their checkpoints and metrics. An OS lock (flock): the OS drops a killed process's lock, and
         this process's own is taken again (a notebook running its cell again: filelock's singleton is reentrant)."""
@@ -216,25 +215,32 @@ class Run:
         (self.dir / PID_NAME).write_text(str(os.getpid()), encoding="utf-8")
         self._lock = lock
 
-    def close(self) -> None:
+    def close(self):
         """Release the run folder's lock (nothing when this object holds none)."""
-        if self._lock is not None:
+        if self._lock:
             self._lock.release()
             self._lock = None
 
     # --- resume
 
     @property
-    def resumed_from(self) -> int | None:
+    def resumed_from(self):
         return checkpoint_step(self.checkpoint) if self.checkpoint else None
 
     @property
-    def finished(self) -> bool:
+    def finished(self):
         """The run resumes from a checkpoint at its ``max_steps``: nothing is left to train (the Trainer would run
         one step more)."""
         return self.resumed_from is not None and self.resumed_from >= self.recipe.grpo.max_steps
 
-    def _resume_point(self, is_main: bool) -> str | None:
+    def _files(self):
+        return (
+            sorted(item for item in self.dir.iterdir() if item.name not in (LOCK_NAME, PID_NAME))
+            if self.dir.is_dir()
+            else []
+        )
+
+    def _resume_point(self, is_main):
         skipped = []
         for _, folder in checkpoints(self.dir):  # newest first
             if (problem := checkpoint_problem(folder)) is None:
@@ -247,7 +253,7 @@ class Run:
                 return str(folder)
             aside = set_aside(folder, prefix="damaged-") if is_main else None
             skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
-        earlier = sorted(item for item in self.dir.iterdir() if item.name not in (LOCK_NAME, PID_NAME))
+        earlier = self._files()
         if is_main and earlier:
             aside = Path(tempfile.mkdtemp(prefix=f"attempt.old-{time.strftime('%Y%m%d-%H%M%S')}-", dir=self.dir))
             aside.chmod(0o755)  # mkdtemp makes it private; it holds the run's own files, readable as they were
@@ -265,9 +271,9 @@ class Run:
     # --- run.json: the record
 
     @functools.cached_property
-    def info(self) -> dict:
-        """``run.json`` as a dict, {} when there is none; one that cannot be read is said, never taken for none: it
-        records how the run was trained (recipe, data, prompt)."""
+    def info(self):
+        """``run.json`` as a dict, read once (as it was before ``record`` rewrites it), {} when there is none; one that
+        cannot be read is said, never taken for none: it records how the run was trained (recipe, data, prompt)."""
         path = self.dir / "run.json"
         try:
             info = json.loads(path.read_text(encoding="utf-8"))
@@ -283,18 +289,18 @@ class Run:
             )
         return info
 
-    def _check_record(self) -> None:
+    def _check_record(self):
         """Refuse to resume with values or data (None: not known, a dataset passed to ``train``) other than
         ``run.json`` records, but for ``RESUMABLE``; values are compared as TRL parses them."""
         from grpo_kit.config import build_recipe
 
-        if not self.info:
+        info, recipe, data = self.info, self.recipe, self.data
+        if not info:
             return  # stopped before its record was written: nothing to differ from
-        recipe, data = self.recipe, self.data
-        recorded, changed = self.info.get("recipe") or {}, []
-        names = self.info.get("reward_names", list(recipe.kit.reward_funcs))
-        if names != list(recipe.kit.reward_funcs):
-            changed.append(f"reward_funcs ({', '.join(names)} -> {', '.join(recipe.kit.reward_funcs)})")
+        recorded, changed = info.get("recipe") or {}, []
+        funcs = list(recipe.kit.reward_funcs)
+        if (names := info.get("reward_names", funcs)) != funcs:
+            changed.append(f"reward_funcs ({', '.join(names)} -> {', '.join(funcs)})")
         else:  # the same rewards: the recorded values parsed with this recipe's functions (a notebook's are not in
             # JSON), and this recipe's parsed again (a trainer may have changed its GRPOConfig: Unsloth's turns fp16 on)
             then, now = build_recipe({**recorded, "reward_funcs": recipe.reward_funcs}), build_recipe(recipe.values)
@@ -308,8 +314,8 @@ class Run:
             for key in sorted(k for k in keys if recorded.get(k) != "***"):
                 if (old := then.parsed(key)) != (new := now.parsed(key)):
                     changed.append(f"{key} ({old!r} -> {new!r})")
-        if None not in (data, self.info.get("data")) and Path(self.info["data"]).resolve() != Path(data).resolve():
-            changed.append(f"data ({self.info['data']} -> {data})")
+        if None not in (data, info.get("data")) and Path(info["data"]).resolve() != Path(data).resolve():
+            changed.append(f"data ({info['data']} -> {data})")
         if changed:
             raise GrpoKitError(
                 f"--resume: {self.dir} is a run of {recorded.get('name', 'another recipe')} whose run.json records "
@@ -319,49 +325,47 @@ class Run:
                 "(--output)."
             )
 
-    def record(self) -> Path:
+    def record(self):
         """Write ``run.json`` atomically, as training begins (``callbacks.MetricsLogger``): the recipe's values as set
         (secrets masked; a Python reward by its name), data, rewards, versions, and the step a resumed run continued
         from (its learning rate then follows the schedule for this ``max_steps``)."""
         from importlib.metadata import version
 
         values = {k: "***" if any(w in k.lower() for w in _SECRET) else v for k, v in self.recipe.values.items()}
+        names = list(self.recipe.kit.reward_funcs)
         if "reward_funcs" in values:
-            values["reward_funcs"] = list(self.recipe.kit.reward_funcs)
+            values["reward_funcs"] = names
         info = {
             "recipe": values,
-            "data": "the dataset passed to train()" if self.data is None else self.data,
-            "reward_names": list(self.recipe.kit.reward_funcs),
+            "data": self.data or "the dataset passed to train()",
+            "reward_names": names,
             "resumed_from_step": self.resumed_from,
             "versions": {name: version(name) for name in ("trl", "transformers", "peft")},
         }
-        self.__dict__.pop("info", None)  # read again when asked
         return atomic_write_text(self.dir / "run.json", json.dumps(info, indent=2, default=str))
 
     # --- the history
 
     @property
-    def history(self) -> list[dict]:
+    def history(self):
         return read_metrics(self.metrics_path)
 
-    def write_history(self, rows: list[dict]) -> None:
+    def write_history(self, rows):
         atomic_write_text(self.metrics_path, "".join(dumps_finite(row) + "\n" for row in rows))  # NaN/inf: null
 
     @property
-    def steps(self) -> int | None:
+    def steps(self):
         """Optimizer steps behind ``trained``: a ``checkpoint-N``'s N (its global step), else the last logged step."""
-        return checkpoint_step(self.trained) or max(
-            (row["step"] for row in self.history if isinstance(row.get("step"), int)), default=None
-        )
+        return checkpoint_step(self.trained) or max((row.get("step", 0) for row in self.history), default=None)
 
     # --- what it was trained with, and its evaluations
 
     @property
-    def base_model(self) -> str | None:
+    def base_model(self):
         """The model ``trained`` (an adapter) was trained on: its run's recipe ``model_name_or_path``, else the one its
         ``adapter_config.json`` names, if it is on this machine; None for a folder that is no adapter."""
         if model := (self.info.get("recipe") or {}).get("model_name_or_path"):
-            return str(model)
+            return model
         if not (self.trained / "adapter_config.json").is_file():
             return None
         recorded = adapter_config(self.trained).base_model_name_or_path
@@ -373,7 +377,7 @@ class Run:
         )
 
     @property
-    def prompt(self) -> dict[str, Any] | None:
+    def prompt(self):
         """The ``few_shot``/``prefill``/``system_prompt`` it trained with: its recipe, else the ``prompt.json`` of an
         exported adapter or model; None when neither records it."""
         recipe = self.info.get("recipe") or {}
@@ -381,35 +385,35 @@ class Run:
             recipe = json.loads(exported.read_text(encoding="utf-8"))
         return {key: recipe.get(key, default) for key, default in PLAIN_PROMPT.items()} if recipe else None
 
-    def write_prompt(self, folder: Path) -> None:
+    def write_prompt(self, folder):
         """``folder/prompt.json``: the training prompt's settings, and for any other code the chat messages that come
-        before the question (system prompt, worked examples) and the text the reply starts with."""
+        before the question (system prompt, worked examples) and the text the reply starts with; nothing without
+        a record of the prompt."""
         from grpo_kit.data import build_messages
 
-        settings = self.prompt
+        if not (settings := self.prompt):
+            return
         messages = build_messages("", system_prompt=settings["system_prompt"], few_shot=settings["few_shot"])[:-1]
         record = {**settings, "messages_before_question": messages, "reply_starts_with": settings["prefill"]}
         (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     @property
-    def name(self) -> str:
+    def name(self):
         """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
         folder = self.trained.resolve()
         name = folder.parent.name if folder.name == "adapter" else folder.name
-        return f"{folder.parent.name}-{name}" if checkpoint_step(folder) is not None else name
-
-    def save_evaluation(self, result, name: str) -> Path:
-        """``eval/<name>.json`` (``EvalResult.save``): the export's model card reports them (``evaluations``)."""
-        return result.save(self.dir / "eval" / f"{name}.json")
+        return f"{folder.parent.name}-{name}" if checkpoint_step(folder) else name
 
     @property
-    def evaluations(self) -> dict[str, dict] | None:
-        saved = sorted(self.dir.glob("eval/*.json"))
-        return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in saved} or None
+    def evaluations(self):
+        """``{name: metrics}`` of what was saved in ``eval/<name>.json`` (``EvalResult.save``)."""
+        return {
+            path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(self.dir.glob("eval/*.json"))
+        }
 
     # --- the final adapter
 
-    def restore_adapter(self, is_main: bool = True) -> Path:
+    def restore_adapter(self, is_main=True):
         """``adapter/`` of a run that already reached ``max_steps``: nothing trains, nothing is rewritten, unless the
         adapter is missing (killed between the last checkpoint and the adapter write) or cannot be read (a torn file:
         set aside, never deleted); then it is written again from that checkpoint, which holds the same weights."""
@@ -437,33 +441,31 @@ class Run:
                 )
         return adapter
 
-    def save_adapter(self, trainer) -> Path:
+    def save_adapter(self, trainer):
         """The final adapter, ``adapter/``: written through a staging folder, so it is never half-written, and sound
         (``check_saved_adapter``) before the run counts as done. Of a finished run (nothing trained), restored
         (``restore_adapter``) and loaded into the trainer's model instead.
 
         Every process calls this; the main one writes (each process holds the same weights), the others wait for it.
         """
+        from peft import load_peft_weights, set_peft_model_state_dict
+
         adapter, is_main = self.dir / "adapter", trainer.is_world_process_zero()
         if self.finished:
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
             self.restore_adapter(is_main)
-            trainer.accelerator.wait_for_everyone()
-            set_peft_model_state_dict(trainer.model, load_file(adapter / "adapter_model.safetensors"))
-            return adapter
-        if is_main:
+        elif is_main:
             remove_stale_staging(self.dir, "adapter")  # a save killed midway left its staging folder
             with staged_dir(adapter) as staging:
                 trainer.save_model(str(staging))
                 trainer.processing_class.save_pretrained(str(staging))
         trainer.accelerator.wait_for_everyone()  # no process goes on to read the adapter before it is in place
-        if is_main:
+        if self.finished:
+            set_peft_model_state_dict(trainer.model, load_peft_weights(str(adapter)))
+        elif is_main:
             self.check_saved_adapter(trainer.state.global_step)
         return adapter
 
-    def check_saved_adapter(self, step: int) -> None:
+    def check_saved_adapter(self, step):
         """A run is done only when its adapter is sound (``adapters.adapter_problem``): a broken one is set aside (as
         ``damaged-adapter.old-*``, like a damaged checkpoint) and reported.
 
@@ -486,7 +488,7 @@ class Run:
 
 def is_run_folder(folder: Path) -> bool:
     """True for a folder a training run wrote: its ``run.json`` (written before the first step) or a checkpoint."""
-    return (folder / "run.json").exists() or any(checkpoint_step(item) is not None for item in folder.iterdir())
+    return (folder / "run.json").exists() or any(checkpoint_step(item) for item in folder.iterdir())
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

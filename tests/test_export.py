@@ -85,11 +85,11 @@ def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir,
 def test_a_runs_evaluations_are_what_it_saved(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
     run = tmp_path / "run"  # what the run saved in eval/ (demo, notebooks 00 and 04)
-    assert Run(run).save_evaluation(result, "after") == run / "eval" / "after.json"
+    result.save(run / "eval" / "after.json")
     for adapter in (run / "adapter", tmp_path / "elsewhere" / "adapter"):
         adapter.mkdir(parents=True)
     assert Run.of(run / "adapter").evaluations == {"after": result.to_dict()}
-    assert Run.of(tmp_path / "elsewhere" / "adapter").evaluations is None
+    assert Run.of(tmp_path / "elsewhere" / "adapter").evaluations == {}
 
 
 def test_compare_rules(tmp_path):
