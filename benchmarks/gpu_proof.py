@@ -11,7 +11,7 @@ bitsandbytes (the kit's ``transformers`` backend, no Unsloth) for a speed and me
 
 Each run is its own subprocess (a CUDA OOM, or Unsloth's process-wide patching, must not touch the next run) with a
 timeout; a failure becomes a row, never a crash. Results: ``<out>/gpu_proof.json`` and ``<out>/gpu_proof.md`` (a
-table for docs/VRAM.md with the date, GPU, driver and library versions).
+table for docs/RESULTS.md with the date, GPU, driver and library versions).
 
     python benchmarks/gpu_proof.py --out gpu-proof-results            # everything the card can emulate
     python benchmarks/gpu_proof.py --tiers t4-16gb --archs qwen2.5-1.5b --steps 2 --skip-plain
@@ -382,7 +382,7 @@ def _ratio(a, b):
 
 
 def markdown_table(result: dict) -> str:
-    """The section to paste into docs/VRAM.md: the machine and versions, then one row per run."""
+    """The section to add to docs/RESULTS.md: the machine and versions, then one row per run."""
     env = result["environment"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     lines = [
