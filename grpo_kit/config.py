@@ -121,7 +121,8 @@ def _read_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
     except OSError as error:
         raise GrpoKitError(f"Cannot read recipe file {path}: {error.strerror or error}. Check the path.") from error
     except (yaml.YAMLError, UnicodeDecodeError) as error:
@@ -133,6 +134,12 @@ def _read_yaml(path: Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
+    lines: dict[str, list[int]] = {}  # YAML lets the last of two equal keys win without a word
+    for key, _ in yaml.compose(text).value:
+        lines.setdefault(key.value, []).append(key.start_mark.line + 1)
+    for key, at in lines.items():
+        if len(at) > 1:
+            raise GrpoKitError(f"Recipe file {path}: {key} is set on lines {', '.join(map(str, at))}; keep one.")
     return data
 
 

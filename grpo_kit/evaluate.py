@@ -514,6 +514,7 @@ def cli_chat(args) -> int:
 def cli_eval(args) -> int:
     """``grpo-kit eval``: the kit's protocol on base, base+adapter or both (--compare); prints the metrics; --out
     saves the tuned (or only) result there, the base one as <stem>-base.json."""
+    from grpo_kit.adapters import adapter_config
     from grpo_kit.data import load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
@@ -521,8 +522,28 @@ def cli_eval(args) -> int:
         raise GrpoKitError(
             f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, {args.max_new_tokens})."
         )
+    export = Path(args.model).parent / "export.json"  # --model an export's merged16: the base it was merged from
+    merged = json.loads(export.read_text(encoding="utf-8")).get("lora_base") if export.is_file() else None
+    if (
+        merged
+        and (Path(args.adapter or "") / "adapter_config.json").is_file()
+        and (adapter_config(args.adapter).base_model_name_or_path == merged)
+    ):
+        raise GrpoKitError(
+            f"{args.model} is {merged} with a LoRA merged in, and {args.adapter} was trained on {merged}: it goes on "
+            f"that base, not on top of the merge (--model {merged} --adapter {args.adapter})."
+        )
     if args.compare and not args.adapter:
-        raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")
+        raise GrpoKitError(
+            "--compare compares a base model with that model + an adapter; pass --adapter DIR too."
+            + (
+                f" {args.model} has a LoRA merged in: compare {merged} with the adapter (--model {merged} --adapter "
+                "ADAPTER --compare: what merged16 holds), or check the merge: grpo-kit export --adapter ADAPTER "
+                "--format merged16 --check-answers N."
+                if merged
+                else ""
+            )
+        )
     out = Path(args.out) if args.out else None
     base_out = out.with_name(f"{out.stem}-base.json") if out and args.compare else None
     for path in (out, base_out):  # every file --out writes, checked before any question is evaluated
