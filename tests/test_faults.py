@@ -1211,7 +1211,7 @@ CASES = [
         "eval-adapter-on-its-merge",
         "eval",
         ("eval", "--model", "{tmp}/exports/run/merged16", "--adapter", "{tmp}/run/adapter", "--data", "sample"),
-        ("with a LoRA merged in", "--model {tiny} --adapter {tmp}/run/adapter"),
+        ("with a LoRA merged in", "goes on {tiny} itself", "--model {tiny} --adapter ADAPTER --compare"),
         _merged_export,
     ),
     Case(
