@@ -291,7 +291,7 @@ class MetricsLogger(TrainerCallback):
                 key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
             row[key] = value
         if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
-            row["seed_grpo/reward"], row["reward"] = row.get("reward"), row.pop("reward_unscaled")
+            row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
 

@@ -134,12 +134,10 @@ def _read_yaml(path: Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
-    lines: dict[str, list[int]] = {}  # YAML lets the last of two equal keys win without a word
-    for key, _ in yaml.compose(text).value:
-        lines.setdefault(key.value, []).append(key.start_mark.line + 1)
-    for key, at in lines.items():
-        if len(at) > 1:
-            raise GrpoKitError(f"Recipe file {path}: {key} is set on lines {', '.join(map(str, at))}; keep one.")
+    keys = [key for key, _ in yaml.compose(text).value]  # YAML lets the last of two equal keys win without a word
+    for key in keys:
+        if len(lines := [other.start_mark.line + 1 for other in keys if other.value == key.value]) > 1:
+            raise GrpoKitError(f"Recipe file {path}: {key.value} is set on lines {lines}; keep one of them.")
     return data
 
 

@@ -250,7 +250,7 @@ def _file_records(path: Path, split: str = "train"):
         table = datasets.load_from_disk(str(path))
         if isinstance(table, datasets.DatasetDict):
             if split not in table:
-                raise GrpoKitError(f"{path} holds the splits {', '.join(table)}, not {split!r}; save a {split} split.")
+                raise GrpoKitError(f"{path} has no {split!r} split, only {', '.join(table)}; save one.")
             table = table[split]
     else:
         if path.is_dir():

@@ -262,8 +262,8 @@ def check_device(recipe, device) -> None:
         if gpu_only := [key for key in ("use_vllm", "bf16", "fp16") if getattr(config, key)]:
             raise GrpoKitError(
                 f"Recipe '{recipe.name}' needs a CUDA GPU for {', '.join(gpu_only)} and this machine has none (the "
-                f"kit runs vLLM on a GPU only). Turn {'it' if len(gpu_only) == 1 else 'them'} off "
-                f"({' '.join(f'--set {key}=false' for key in gpu_only)}) or use a CPU recipe (--preset cpu); on "
+                f"kit runs vLLM on a GPU only). Turn off ({' '.join(f'--set {key}=false' for key in gpu_only)}) or use "
+                "a CPU recipe (--preset cpu); on "
                 "Colab: Runtime > Change runtime type > T4 GPU."
             )
         return

@@ -206,23 +206,27 @@ def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
     What each reward gave is logged as without SEED-GRPO (``rewards/<name>/mean``, its column of TRL's completions
     table, and their weighted sum ``reward_unscaled``); what trains is TRL's ``seed_grpo/<name>`` and ``reward``
     (``MetricsLogger`` writes these two totals as ``reward`` and ``seed_grpo/reward``)."""
+    from trl.trainer.utils import get_callable_name  # the name TRL logs a reward under
+
     alpha, trained = recipe.kit.seed_grpo_alpha, sum(1 for _, weight in recipe.rewards if weight)
 
-    def scaled(fn, name, weight):
+    def scaled(fn, weight, name):
         def reward(completions, **kwargs):
             scores, h = fn(completions, **kwargs), semantic_entropy(completions, **kwargs)
             given = [s for s in scores if s is not None]
-            if "log_metric" in kwargs:  # TRL averages a metric's values: n rewards logging n x their share sum up
-                kwargs["log_metric"]("reward_unscaled", trained * weight * sum(given) / max(len(scores), 1))
+            if given and "log_metric" in kwargs:  # TRL averages a metric's values: n rewards logging n x a share sum
+                kwargs["log_metric"](f"rewards/{name}/mean", sum(given) / len(given))
+                kwargs["log_metric"]("reward_unscaled", trained * weight * sum(given) / len(scores))
                 kwargs["log_extra"](name, scores)
-                if given:
-                    kwargs["log_metric"](f"rewards/{name}/mean", sum(given) / len(given))
             return [s if s is None else s / (1 + alpha * e) for s, e in zip(scores, h, strict=True)]
 
-        reward.__name__ = f"seed_grpo/{name}"  # the name TRL logs the scaled score under
+        reward.__name__ = f"seed_grpo/{name}"  # TRL logs the scaled score under its own name
         return reward
 
-    return [scaled(fn, *pair) if alpha and pair[1] else fn for fn, pair in zip(funcs, recipe.rewards, strict=True)]
+    return [
+        scaled(fn, weight, get_callable_name(fn)) if alpha and weight else fn
+        for fn, (_, weight) in zip(funcs, recipe.rewards, strict=True)
+    ]
 
 
 #: The built-in rewards that are metrics: logged under their own name (weight 0 in the recipes: they never train).

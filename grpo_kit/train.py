@@ -229,7 +229,7 @@ def cli_train(args) -> int:
         raise GrpoKitError("--resume continues a run: name its folder, --output RUN (e.g. runs/cpu-20261201-101500).")
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
-    info = runs.read_run_info(args.output) if args.resume and args.output else {}
+    info = runs.read_run_info(args.output) if args.resume else {}
     recorded = info.get("recipe") or {}
     changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
     if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)

@@ -1189,7 +1189,7 @@ CASES = [
         "recipe-duplicate-key",
         "settings",
         ("train", "--recipe", "{tmp}/twice.yaml", "--data", "sample", "--output", "{tmp}/run"),
-        ("twice.yaml: max_steps is set on lines 2, 4",),
+        ("twice.yaml: max_steps is set on lines [2, 4]",),
         _file("twice.yaml", b"name: twice\nmax_steps: 1\nlora_r: 8\nmax_steps: 3\n"),
     ),
     Case(
@@ -1226,7 +1226,7 @@ CASES = [
         "data-saved-to-disk-no-test-split",
         "data",
         ("eval", "--data", "{tmp}/ds"),
-        ("{tmp}/ds holds the splits train, not 'test'",),
+        ("{tmp}/ds has no 'test' split, only train",),
         _saved_to_disk(["train"]),
     ),
 ]
