@@ -275,7 +275,8 @@ class ScheduleToMaxSteps(TrainerCallback):
 class MetricsLogger(TrainerCallback):
     """Append each training log as one JSON line to ``path`` (``metrics.jsonl``; the plots and resume read it), each
     ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one meaning of "total reward" in the kit: TRL's
-    weighted sum of the rewards, averaged over the batch."""
+    weighted sum of the rewards, averaged over the batch; under SEED-GRPO the sum of what they gave, the scaled sum
+    that trains being ``seed_grpo/reward``."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -289,6 +290,8 @@ class MetricsLogger(TrainerCallback):
                 name = key[8:-5]
                 key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
             row[key] = value
+        if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
+            row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
         with open(self.path, "a", encoding="utf-8") as handle:
             handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
 

@@ -121,7 +121,8 @@ def _read_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
     except OSError as error:
         raise GrpoKitError(f"Cannot read recipe file {path}: {error.strerror or error}. Check the path.") from error
     except (yaml.YAMLError, UnicodeDecodeError) as error:
@@ -133,6 +134,10 @@ def _read_yaml(path: Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
+    keys = [key for key, _ in yaml.compose(text).value]  # YAML lets the last of two equal keys win without a word
+    for key in keys:
+        if len(lines := [other.start_mark.line + 1 for other in keys if other.value == key.value]) > 1:
+            raise GrpoKitError(f"Recipe file {path}: {key.value} is set on lines {lines}; keep one of them.")
     return data
 
 

@@ -165,6 +165,8 @@ def prepare_run_dir(
             "another --output: a new or empty folder such as runs/my-run."
         )
     if held and not resume:
+        if is_main and (run_dir / LOCK_NAME).exists():  # a folder in use says so first, naming the PID training there
+            acquire_run_lock(run_dir)
         raise GrpoKitError(
             f"Run folder {run_dir} already has files. Use --resume to continue it, or choose another --output."
         )

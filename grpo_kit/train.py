@@ -57,7 +57,14 @@ class TrainResult:
                 "prefill), longer completions or larger groups (max_completion_length, num_generations)."
             )
         return (
-            head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
+            head
+            + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}"
+            + (
+                " (what the rewards gave; SEED-GRPO trained on them scaled: seed_grpo/ in metrics.jsonl)"
+                if any("seed_grpo/reward" in row for row in self.history)
+                else ""
+            )
+            + "\n"
             f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warning}"
         )
 
@@ -98,7 +105,10 @@ def train(
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions, seed_grpo
 
-    # --- Recipe: the run folder is its output_dir; vLLM that cannot be imported here is turned off, and said so
+    # --- Recipe: what this machine cannot run is refused (GPU-only settings on a CPU, bf16 on a T4, a report_to
+    # integration not installed; VRAM: warned); the run folder is its output_dir; vLLM that cannot be imported on a
+    # GPU is turned off, and said so
+    check_device(recipe, models.detect_device())
     recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
@@ -106,7 +116,6 @@ def train(
     models.set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request
     models.ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/models.py
-    check_device(recipe, models.detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
     # --- Data, prompts and rewards: every input is read and checked before any weights load
     source = data if dataset is None else None  # a dataset object has no name to record or compare on resume
@@ -216,9 +225,11 @@ def cli_train(args) -> int:
     from grpo_kit.plots import plot_metrics
 
     changes = parse_set(args.set)
+    if args.resume and not args.output:
+        raise GrpoKitError("--resume continues a run: name its folder, --output RUN (e.g. runs/cpu-20261201-101500).")
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
-    info = runs.read_run_info(args.output) if args.resume and args.output else {}
+    info = runs.read_run_info(args.output) if args.resume else {}
     recorded = info.get("recipe") or {}
     changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
     if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)
