@@ -235,13 +235,14 @@ def proof_preset(
         changes = {"bf16": bf16, "fp16": tier.grpo.fp16 or (tier.grpo.bf16 and not bf16)}
     if steps is not None:
         changes["max_steps"] = steps
+    if plan_only:
+        backend = "auto"
+    elif run.kind == "plain" or (run.kind == "learn" and not gpu):
+        backend = "transformers"
+    else:
+        backend = "unsloth"
     return load_recipe(
-        name,
-        model_name_or_path=model_dir,
-        use_vllm=False,
-        save_steps=10_000,
-        backend="auto" if plan_only else "transformers" if run.kind == "plain" or not gpu else "unsloth",
-        **changes,
+        name, model_name_or_path=model_dir, use_vllm=False, save_steps=10_000, backend=backend, **changes
     )
 
 
@@ -309,10 +310,9 @@ H200 = {
     "llama-3.1-8b": {"outside": 55.5, "first": 42.8, "step": 14.2, "export": 149.8},
 }
 BUILD_SECONDS = 47
-#: The learn run's evaluations on ``LEARN_QUESTIONS`` questions (base and base + adapter, then check-answers' base +
-#: adapter and merged16): their seconds in the CPU rehearsal on 2 cores in float32 (README of benchmarks: ``--rehearse
-#: learn``), kept for the H200 in 16 bits as an upper bound. The learn run keeps this, plus its export, for after
-#: training: it stops training when the next step would eat into it.
+#: The learn run's four evaluations on ``LEARN_QUESTIONS`` questions (base and base + adapter, then check-answers'
+#: base + adapter and merged16), each a model load and greedy answers of 48 tokens: not measured on a GPU, an
+#: allowance of 30 s each. The learn run keeps this, and the export's share (``learn_reserve``), for after training.
 LEARN_EVAL_SECONDS = 120
 
 
