@@ -534,7 +534,7 @@ def learn_summary(row: dict) -> str:
     pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
     low, high = row["strict_interval"]
     lines = [
-        f"{name} ({row['precision']}, {'4-bit' if row['load_in_4bit'] else '16/32-bit'} base): "
+        f"{name} ({row['precision']}, {'4-bit' if row['load_in_4bit'] else 'unquantized'} base): "
         f"{row['steps_done']} GRPO steps of {row['steps_planned']}, {format_cell(row['seconds_per_step'])} s/step "
         f"(median after the first), reward {format_cell(row['reward_first'])} -> {format_cell(row['reward_last'])}",
         f"format rate {pct(row['format_before'])} -> {pct(row['format_after'])}; strict accuracy "
