@@ -7,7 +7,7 @@ the model card). A finding is advice: the doctor never stops a run (NaN/inf do: 
 The windows are measured on the shipped recipes' normal and broken runs (docs/RESULTS.md, "Run doctor").
 
 >>> [f["check"] for f in diagnose([{"step": s, "reward": 0.0, "frac_reward_zero_std": 1.0} for s in (1, 2, 3)])]
-['no-signal']
+['beta-0', 'no-signal']
 """
 
 from __future__ import annotations
