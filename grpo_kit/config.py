@@ -392,5 +392,5 @@ def _check(recipe: Recipe) -> None:
     if "trackio" in config.report_to and importlib.util.find_spec("trackio") is None:
         raise GrpoKitError(
             f"Recipe {name}: report_to: trackio needs Trackio, which is not installed: pip install trackio==0.43.0 "
-            "(or pip install -e \".[track]\"), or drop report_to."
+            '(or pip install -e ".[track]"), or drop report_to.'
         )
