@@ -154,13 +154,13 @@ class Doctor(TrainerCallback):
     TRACKIO_WEBHOOK_URL when that is set)."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
-        self.run_dir, self.rows, self.said = run_dir and Path(run_dir), [], set()
+        self.run_dir, self.said = run_dir and Path(run_dir), set()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or "reward" not in (logs or {}):
             return
-        self.rows.append({"step": state.global_step, **logs})
-        for name, message in check(self.rows, beta=args.beta, final=state.global_step >= state.max_steps).items():
+        final = state.global_step >= state.max_steps  # the Trainer's log_history: every step, a resumed run's too
+        for name, message in check(state.log_history, beta=args.beta, final=final).items():
             if name in self.said:
                 continue
             self.said.add(name)
@@ -192,7 +192,11 @@ def cli_doctor(args) -> int:
         raise GrpoKitError(f"{run_dir}/metrics.jsonl has no logged step: give the folder of a grpo-kit train run.")
     first, last = runs.reward_first_last(history)
     print(f"{run_dir}: {len(history)} logged steps, the last at step {history[-1].get('step')}")
-    print("reward: n/a" if first is None else f"reward: {first:.3f} -> {last:.3f} (first and last 3 logged steps)")
+    print(
+        "reward: n/a"
+        if first is None
+        else f"reward: {first:.3f} -> {last:.3f} (means of the first and of the last logged steps)"
+    )
     for key in ("frac_reward_zero_std", "completions/clipped_ratio", "grad_norm"):
         if values := [row[key] for row in history if isinstance(row.get(key), (int, float))]:
             print(f"{key}: mean {sum(values) / len(values):.3g}, last {values[-1]:.3g}, max {max(values):.3g}")
