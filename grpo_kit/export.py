@@ -373,6 +373,7 @@ def model_card(info: Mapping[str, Any]) -> str:
     }
     table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
     lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
+    lines += ["", "Run doctor (`grpo-kit doctor`): " + ("; ".join(info["doctor"]) or "no warning.")]
     lines += (
         [
             "",
@@ -551,6 +552,8 @@ def export(
     export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
     one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
+    from grpo_kit import doctor  # transformers: after Unsloth
+
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     steps = training_steps(adapter_dir)  # the run's log up to this adapter: a checkpoint before a collapse is fine
@@ -559,7 +562,7 @@ def export(
         for row in files.read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
         if row.get("step", 0) <= (steps or 0)
     ]
-    if problem := runs.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
+    if problem := doctor.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
         raise GrpoKitError(
             f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
             "earlier checkpoint-N of the run, or train again with a lower --set learning_rate."
@@ -568,7 +571,7 @@ def export(
         raise GrpoKitError(
             f"Cannot export {adapter_dir}: its LoRA changes nothing (scale * B @ A is 0 everywhere: every lora_B is "
             "still 0), so an export would be the base model. Its run learned nothing"
-            + (f" ({why})" if (why := runs.learned_nothing(logged)) else "")
+            + (f" ({why})" if (why := doctor.learned_nothing(logged)) else "")
             + ": train again with rewards that tell a group's completions apart (the run's summary says how)."
         )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
@@ -656,6 +659,9 @@ def export(
                 "run": run or None,
                 "steps": steps,
                 "evals": evals,
+                "doctor": [
+                    f"step {f['step']}: {f['message']}" for f in doctor.diagnose(logged) if f["level"] == "warning"
+                ],
                 "repo": push_to_hub,
                 "prompt": prompt,
                 "answers": answered,

@@ -31,8 +31,12 @@ class TrainResult:
     reward_last: float | None  # mean reward over the last few logged steps
     history: list[dict] = field(default_factory=list, repr=False)
     already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
-    collapsed: str | None = None  # ``runs.collapse``: the log shows a model that no longer answers
-    learned_nothing: str | None = None  # ``runs.learned_nothing``: no reward signal, the LoRA never moved
+    findings: list[dict] = field(default_factory=list)  # the run doctor's (``doctor.diagnose``)
+
+    @property
+    def failed(self) -> bool:
+        """The run collapsed or learned nothing: export refuses its adapter, ``grpo-kit train`` exits 1."""
+        return any(f["check"] in ("collapsed", "learned-nothing") for f in self.findings)
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
@@ -43,19 +47,9 @@ class TrainResult:
                 f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
                 "--set max_steps=N with --resume to train on)\n"
             )
-        warning = ""
-        if self.collapsed:
-            warning = (
-                f"\nwarning: the run collapsed: {self.collapsed}. The adapter no longer answers (export refuses it); "
-                "train again with a lower --set learning_rate, or use an earlier checkpoint-N."
-            )
-        elif self.learned_nothing:
-            warning = (
-                f"\nwarning: the run learned nothing: {self.learned_nothing}. The adapter is the model it started from "
-                "(export refuses it). Give GRPO rewards that tell a group's completions apart: a reward that returns "
-                "numbers, partial credit (tag_progress), worked examples and a prefill (the cpu recipe's few_shot and "
-                "prefill), longer completions or larger groups (max_completion_length, num_generations)."
-            )
+        warnings = "".join(
+            f"\nwarning: {f['message']} (seen at step {f['step']})" for f in self.findings if f["level"] == "warning"
+        )
         return (
             head
             + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}"
@@ -65,7 +59,7 @@ class TrainResult:
                 else ""
             )
             + "\n"
-            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warning}"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warnings}"
         )
 
 
@@ -101,6 +95,7 @@ def train(
         guard_rewards,
     )
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
+    from grpo_kit.doctor import Doctor
     from grpo_kit.files import truncate_metrics
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions, seed_grpo
@@ -111,6 +106,7 @@ def train(
     check_device(recipe, models.detect_device())
     recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
+    config.run_name = config.run_name or run_dir.name  # the run's name in Trackio and other trackers
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
     models.set_torch_threads()
@@ -163,7 +159,13 @@ def train(
         args=config,
         train_dataset=train_set,
         processing_class=tokenizer,
-        callbacks=[MetricsLogger(metrics_path), NumericsGuard(run_dir), ScheduleToMaxSteps(), *callbacks],
+        callbacks=[
+            MetricsLogger(metrics_path),
+            NumericsGuard(run_dir),
+            ScheduleToMaxSteps(),
+            Doctor(run_dir),
+            *callbacks,
+        ],
     )
     start = time.time()
     try:
@@ -195,6 +197,7 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
 def _result(
     run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False
 ) -> TrainResult:
+    from grpo_kit.doctor import diagnose
     from grpo_kit.files import read_metrics
 
     metrics_path = run_dir / "metrics.jsonl"
@@ -210,8 +213,7 @@ def _result(
         reward_last=last,
         history=history,
         already_finished=already_finished,
-        collapsed=runs.collapse(history),
-        learned_nothing=runs.learned_nothing(history),
+        findings=diagnose(history, beta=(runs.read_run_info(run_dir).get("recipe") or {}).get("beta", 0)),
     )
 
 
@@ -260,4 +262,4 @@ def cli_train(args) -> int:
         except OSError as error:  # a full disk once the adapter is saved: the run is complete, only the plot is not
             plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
-    return 1 if result.collapsed or result.learned_nothing else 0  # export refuses such an adapter
+    return 1 if result.failed else 0
