@@ -85,7 +85,7 @@ def has_soft_format(text: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The rewards. The first docstring line is the row of the README's reward table.
+# The rewards. The first docstring line is the row of the README's reward table (the weight-0 metrics share one row).
 
 
 def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list[float]:
