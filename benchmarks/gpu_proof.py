@@ -11,7 +11,7 @@ bitsandbytes (the kit's ``transformers`` backend, no Unsloth) for a speed and me
 
 Each run is its own subprocess (a CUDA OOM, or Unsloth's process-wide patching, must not touch the next run) with a
 timeout; a failure becomes a row, never a crash. Results: ``<out>/gpu_proof.json`` and ``<out>/gpu_proof.md`` (a
-table for docs/VRAM.md with the date, GPU, driver and library versions).
+table for docs/RESULTS.md with the date, GPU, driver and library versions).
 
     python benchmarks/gpu_proof.py --out gpu-proof-results            # everything the card can emulate
     python benchmarks/gpu_proof.py --tiers t4-16gb --archs qwen2.5-1.5b --steps 2 --skip-plain
@@ -154,7 +154,8 @@ PUBLISHED = {
 
 @dataclass(frozen=True)
 class Run:
-    """One subprocess: ``kit`` (Unsloth), ``plain`` (TRL + PEFT + bitsandbytes), ``export`` (round trip) or
+    """One subprocess: ``kit`` (Unsloth), ``plain`` (TRL + PEFT + bitsandbytes), ``export`` (round trip), ``learn``
+    (``LEARN_RECIPE``'s learning set-up on the real weights, evaluated and exported; ``tier``: only its memory cap) or
     ``build`` (write the random model of ``arch`` once, before its first run)."""
 
     kind: str
@@ -166,14 +167,29 @@ class Run:
         return f"build-{self.arch}" if self.kind == "build" else f"{self.kind}-{self.tier}-{self.arch}"
 
 
+#: The learn run: the real weights trained with this recipe's learning set-up (worked examples, the ``<think>``
+#: prefill, the partial-credit ``tag_progress`` reward, its batch shape and lengths), loaded as the GPU path loads
+#: (Unsloth, 4-bit, the card's precision); evaluated before and after by ``grpo-kit eval``'s protocol on
+#: ``LEARN_QUESTIONS`` bundled held-out questions (``make demo``'s 16), then exported as lora and merged16 with
+#: ``--check-answers`` on as many.
+LEARN_RECIPE, LEARN_QUESTIONS = "cpu", 16
+LEARN = Run("learn", "t4-16gb", REAL)
+#: The most GRPO steps the learn run trains on the device (the time plan may allow more); on a CPU, the recipe's own.
+LEARN_MAX_STEPS = 24
+
 #: ``--profile device``: the machine this project is sometimes lent (10 minutes per command, 15 minutes of device
 #: time in all, a cold machine after ~30 s idle). One device call per stage (``benchmarks/gpu_bundle.py calls``), each
-#: within ``STAGE_SECONDS``, each independent of the others. Under the T4 tier's 14.7 GiB cap: the real weights,
-#: the 1.5B fallback and its export; the 8B's GRPO steps; the 8B's export under the cap (Unsloth merges shard by
-#: shard where it is installed; checked weight by weight). Then the consumer tiers under their 7.7 and 11.7 GiB caps.
+#: within ``STAGE_SECONDS`` (``time_plan``), each independent of the others. Under the T4 tier's 14.7 GiB cap: GRPO
+#: learning on the real weights; the 1.5B fallback, its export and the 8B's GRPO steps; the 8B's export under the cap
+#: (Unsloth merges shard by shard where it is installed; checked weight by weight). Then the consumer tiers under
+#: their 7.7 and 11.7 GiB caps.
 STAGES = {
-    1: (Run("kit", "t4-16gb", REAL), Run("kit", "t4-16gb", "qwen2.5-1.5b"), Run("export", "t4-16gb", "qwen2.5-1.5b")),
-    2: (Run("kit", "t4-16gb", "llama-3.1-8b"),),
+    1: (LEARN,),
+    2: (
+        Run("kit", "t4-16gb", "qwen2.5-1.5b"),
+        Run("export", "t4-16gb", "qwen2.5-1.5b"),
+        Run("kit", "t4-16gb", "llama-3.1-8b"),
+    ),
     3: (Run("export", "t4-16gb", "llama-3.1-8b"),),
     4: (Run("kit", "rtx-8gb", "qwen2.5-1.5b"), Run("kit", "rtx-12gb", "llama-3.1-8b")),
 }
@@ -197,26 +213,42 @@ def plan_runs(tiers=TIERS, archs=RANDOM, *, skip_plain: bool = False, export: bo
     return runs
 
 
-def proof_preset(run: Run, model_dir: str, steps: int, *, card_bf16: bool = True, plan_only: bool = True):
-    """The tier's recipe for this run: the local model, vLLM off, ``steps`` steps, the run's backend.
+def proof_preset(
+    run: Run, model_dir: str, steps: int | None, *, card_bf16: bool = True, plan_only: bool = True, gpu: bool = True
+):
+    """The run's recipe: the tier's (the learn run: ``LEARN_RECIPE``'s), the local model, vLLM off, ``steps`` steps
+    (None: the recipe's own), the run's backend.
 
-    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_recipe`` does for such a card). ``plan_only``: the
-    backend stays auto, since building a recipe imports its backend and the dry run plans Unsloth runs on a CPU.
+    A bf16 tier on a card without bf16 trains in fp16 (what ``auto_recipe`` does for such a card). The learn run loads
+    as the GPU path does, in 4 bits and the card's precision; without a GPU (``gpu=False``, the CPU rehearsal) through
+    transformers + PEFT in float32. ``plan_only``: the backend stays auto, since building a recipe imports its backend
+    and the dry run plans Unsloth runs on a CPU.
     """
     from grpo_kit.config import load_recipe
 
-    tier = load_recipe(run.tier)
-    bf16 = tier.grpo.bf16 and card_bf16
+    if run.kind == "learn":
+        name, bf16 = LEARN_RECIPE, gpu and card_bf16
+        changes = {"load_in_4bit": gpu, "bf16": bf16, "fp16": gpu and not bf16}
+    else:
+        tier = load_recipe(run.tier)
+        name, bf16 = run.tier, tier.grpo.bf16 and card_bf16
+        changes = {"bf16": bf16, "fp16": tier.grpo.fp16 or (tier.grpo.bf16 and not bf16)}
+    if steps is not None:
+        changes["max_steps"] = steps
+    if plan_only:
+        backend = "auto"
+    elif run.kind == "plain" or (run.kind == "learn" and not gpu):
+        backend = "transformers"
+    else:
+        backend = "unsloth"
     return load_recipe(
-        run.tier,
-        model_name_or_path=model_dir,
-        use_vllm=False,
-        max_steps=steps,
-        save_steps=10_000,
-        bf16=bf16,
-        fp16=tier.grpo.fp16 or (tier.grpo.bf16 and not bf16),
-        backend="auto" if plan_only else "transformers" if run.kind == "plain" else "unsloth",
+        name, model_name_or_path=model_dir, use_vllm=False, save_steps=10_000, backend=backend, **changes
     )
+
+
+def run_steps(run: Run, steps: int, learn_steps: int | None) -> int | None:
+    """GRPO steps of ``run``: an export's one, the learn run's ``learn_steps`` (None: its recipe's), else ``steps``."""
+    return {"export": 1, "learn": learn_steps}.get(run.kind, steps)
 
 
 def precision(recipe) -> str:
@@ -249,15 +281,14 @@ def build_config(arch: str, tokenizer=None):
     return AutoConfig.for_model(model_type, **fields)
 
 
-def planner_figures(run: Run, steps: int) -> dict:
-    """The planner's estimate for the run as configured (vLLM off) and for the tier as shipped (vLLM on), GiB."""
+def planner_figures(run: Run, preset) -> dict:
+    """The planner's estimate for the run as configured (vLLM off) and for its recipe as shipped (vLLM on), GiB."""
     from grpo_kit.config import load_recipe
     from grpo_kit.planner import ModelShape, estimate_vram
 
     shape = dataclasses.replace(ModelShape.from_config(ARCHS[run.arch]), name=run.arch)
-    preset = proof_preset(run, run.arch, steps)
     as_run = estimate_vram(preset, shape)
-    shipped = estimate_vram(load_recipe(run.tier), shape)
+    shipped = estimate_vram(load_recipe(LEARN_RECIPE if run.kind == "learn" else run.tier), shape)
     return {
         "plan_gib": round(as_run.total_gib, 2),
         "plan_weights_gib": round(as_run.weights_gib, 2),
@@ -267,8 +298,65 @@ def planner_figures(run: Run, steps: int) -> dict:
     }
 
 
-def describe_plan(runs: list[Run], steps: int) -> dict:
-    """The plan as data: runs with batch shape, cap and planner figures; shapes with parameter counts."""
+#: The time plan's figures, seconds on the lent H200 (2026-11-28, docs/gpu-proof-2026-11-28.json), per shape under the
+#: T4 recipe (4 x 256 completion tokens a step): a kit run's time outside its steps (Unsloth's import, the load, the
+#: trainer's set-up: wall - first step - second), its first step (the surplus over a later one is warm-up), a later
+#: step, and what the export run adds to one step (lora, Unsloth's merged16 in a child process, both checked). A step is
+#: scaled by the completion tokens it generates; a shape without figures is planned with the 1.5B's (for SmolLM2,
+#: 11x smaller, an upper bound). A random shape's first run in a stage also builds it: call 1 of that day, 438 s, less
+#: its three runs' 344 s, for two shapes.
+H200 = {
+    "qwen2.5-1.5b": {"outside": 46.0, "first": 48.6, "step": 12.9, "export": 49.9},
+    "llama-3.1-8b": {"outside": 55.5, "first": 42.8, "step": 14.2, "export": 149.8},
+}
+BUILD_SECONDS = 47
+#: The learn run's four evaluations on ``LEARN_QUESTIONS`` questions (base and base + adapter, then check-answers'
+#: base + adapter and merged16), each a model load and greedy answers of 48 tokens: not measured on a GPU, an
+#: allowance of 30 s each. The learn run keeps this, and the export's share (``learn_reserve``), for after training.
+LEARN_EVAL_SECONDS = 120
+
+
+def plan_seconds(run: Run, preset, steps: int) -> float:
+    """The run's seconds on the lent H200 by the time plan (``H200``), its model's build not included."""
+    from grpo_kit.config import load_recipe
+
+    measured = H200.get(run.arch, H200[EXPORT_ARCH])
+    reference = load_recipe(EXPORT_TIER).grpo
+    scale = (preset.grpo.generation_batch_size * preset.grpo.max_completion_length) / (
+        reference.generation_batch_size * reference.max_completion_length
+    )
+    seconds = measured["outside"] + measured["first"] - measured["step"] + steps * measured["step"] * scale
+    if run.kind in ("export", "learn"):
+        seconds += measured["export"]
+    return seconds + (LEARN_EVAL_SECONDS if run.kind == "learn" else 0.0)
+
+
+def learn_reserve() -> float:
+    """Seconds the learn run keeps for its evaluations and export after training (``plan_seconds``' share of them)."""
+    return H200[EXPORT_ARCH]["export"] + LEARN_EVAL_SECONDS
+
+
+def device_learn_steps() -> int:
+    """The learn run's steps on the device: as many as stage 1 allows by the time plan, at most ``LEARN_MAX_STEPS``."""
+    preset = proof_preset(LEARN, REAL, 1)
+    one, two = (plan_seconds(LEARN, preset, steps) for steps in (1, 2))
+    others = sum(plan_seconds(r, proof_preset(r, r.arch, 2), 2) + BUILD_SECONDS for r in STAGES[1] if r != LEARN)
+    return max(1, min(LEARN_MAX_STEPS, 1 + int((STAGE_SECONDS - others - one) // (two - one))))
+
+
+def time_plan(plan: dict) -> dict[int, float]:
+    """Each stage's planned seconds (``plan_seconds`` of its runs, and a build for each random shape it uses)."""
+    rows = {row["run"]: row for row in plan["runs"]}
+    return {
+        stage: sum(rows[r.name]["plan_seconds"] for r in runs) + BUILD_SECONDS * len({r.arch for r in runs} - {REAL})
+        for stage, runs in STAGES.items()
+        if all(r.name in rows for r in runs)
+    }
+
+
+def describe_plan(runs: list[Run], steps: int, learn_steps: int | None = None) -> dict:
+    """The plan as data: runs with recipe, learning set-up, batch shape, cap, planner figures and planned seconds;
+    shapes with parameter counts; each stage's planned seconds when the runs are the device profile's."""
     from grpo_kit import planner
     from grpo_kit.config import load_recipe
 
@@ -280,13 +368,15 @@ def describe_plan(runs: list[Run], steps: int) -> dict:
     rows = []
     for run in runs:
         tier = load_recipe(run.tier)
-        preset = proof_preset(run, run.arch, steps)
+        preset = proof_preset(run, run.arch, run_steps(run, steps, learn_steps))
+        learn = run.kind == "learn"
         rows.append(
             {
                 "run": run.name,
                 "kind": run.kind,
                 "tier": run.tier,
                 "arch": run.arch,
+                "recipe": preset.name,
                 "cap_gib": tier.kit.vram_gb,
                 "precision": precision(preset),
                 "load_in_4bit": preset.model.load_in_4bit,
@@ -294,16 +384,30 @@ def describe_plan(runs: list[Run], steps: int) -> dict:
                 "num_generations": preset.grpo.num_generations,
                 "prompt_tokens": preset.kit.max_prompt_length,
                 "completion_tokens": preset.grpo.max_completion_length,
-                "steps": 1 if run.kind == "export" else steps,
-                **planner_figures(run, steps),
+                "steps": preset.grpo.max_steps,
+                "few_shot": preset.kit.few_shot,
+                "prefill": preset.kit.prefill,
+                "rewards": [list(pair) for pair in preset.rewards],
+                "full_length": not learn,  # completions forced to max_completion_length, padded prompts
+                "data": "sample" if learn else "padded",
+                "eval_questions": LEARN_QUESTIONS if learn else 0,
+                "exports": ["lora", "merged16"] if run.kind in ("export", "learn") else [],
+                "check_answers": LEARN_QUESTIONS if learn else 0,
+                "plan_seconds": round(plan_seconds(run, preset, preset.grpo.max_steps), 1),
+                **planner_figures(run, preset),
             }
         )
-    return {"steps": steps, "shapes": shapes, "runs": rows}
+    plan = {"steps": steps, "shapes": shapes, "runs": rows}
+    return {**plan, "stage_seconds": time_plan(plan)}
 
 
 def format_plan(plan: dict) -> str:
-    """The dry-run's printout: shapes, then one line per run."""
-    lines = ["GPU proof plan (random-initialised models of the real shapes; vLLM off; completions at full length)", ""]
+    """The dry-run's printout: shapes, then one line per run (steps, recipe and planned seconds), then what the learn
+    runs do."""
+    lines = [
+        "GPU proof plan (vLLM off; memory runs: random weights of the real shapes, completions at full length)",
+        "",
+    ]
     lines.append("shapes:")
     for arch, shape in plan["shapes"].items():
         c = shape["config"]
@@ -312,18 +416,28 @@ def format_plan(plan: dict) -> str:
             f"{c['num_hidden_layers']} layers, hidden {c['hidden_size']}, MLP {c['intermediate_size']}, "
             f"heads {c['num_attention_heads']}/{c['num_key_value_heads']} KV, vocab {c['vocab_size']}"
         )
-    lines += ["", f"runs ({len(plan['runs'])}, {plan['steps']} GRPO steps each; export: 1 step + lora/merged16):"]
+    lines += ["", f"runs ({len(plan['runs'])}):"]
     header = (
-        f"  {'run':<34} {'cap GiB':>7} {'prec':>5} {'4bit':>4} {'batch':>5} {'G':>3} {'prompt+compl':>12} "
-        f"{'plan GiB':>8} {'shipped+vLLM':>12}"
+        f"  {'run':<34} {'recipe':>8} {'steps':>5} {'cap GiB':>7} {'prec':>5} {'4bit':>4} {'batch':>5} {'G':>3} "
+        f"{'prompt+compl':>12} {'plan GiB':>8} {'shipped+vLLM':>12} {'plan s':>6}"
     )
     lines.append(header)
     for r in plan["runs"]:
         lines.append(
-            f"  {r['run']:<34} {r['cap_gib']:>7g} {r['precision']:>5} {'yes' if r['load_in_4bit'] else 'no':>4} "
-            f"{r['batch']:>5} {r['num_generations']:>3} {r['prompt_tokens']:>5}+{r['completion_tokens']:<6} "
-            f"{r['plan_gib']:>8.2f} {r['plan_shipped_with_vllm_gib']:>12.2f}"
+            f"  {r['run']:<34} {r['recipe']:>8} {r['steps']:>5} {r['cap_gib']:>7g} {r['precision']:>5} "
+            f"{'yes' if r['load_in_4bit'] else 'no':>4} {r['batch']:>5} {r['num_generations']:>3} "
+            f"{r['prompt_tokens']:>5}+{r['completion_tokens']:<6} {r['plan_gib']:>8.2f} "
+            f"{r['plan_shipped_with_vllm_gib']:>12.2f} {r['plan_seconds']:>6.0f}"
         )
+    for r in plan["runs"]:
+        if r["kind"] == "learn":
+            rewards = ", ".join(f"{name} {weight:g}" for name, weight in r["rewards"] if weight)
+            lines.append(
+                f"{r['run']}: the {r['recipe']} recipe's learning set-up on the bundled training questions "
+                f"(few_shot {r['few_shot']}, prefill {r['prefill']!r}, rewards {rewards}); grpo-kit eval's protocol "
+                f"before and after on {r['eval_questions']} bundled held-out questions; export "
+                f"{' + '.join(r['exports'])} with --check-answers {r['check_answers']}"
+            )
     return "\n".join(lines)
 
 
@@ -382,19 +496,20 @@ def _ratio(a, b):
 
 
 def markdown_table(result: dict) -> str:
-    """The section to paste into docs/VRAM.md: the machine and versions, then one row per run."""
+    """The section to add to docs/RESULTS.md: the machine and versions, then one row per run."""
     env = result["environment"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
     lines = [
         f"GPU proof, {result['date']} on {env['gpu']} ({env['gpu_total_gib']:.1f} GiB, driver {env['driver']}, "
-        f"CUDA {env['cuda']}); {versions}. {result['steps']} GRPO steps per run, completions forced to full length, "
-        "vLLM off, memory capped to each tier's card.",
+        f"CUDA {env['cuda']}); {versions}. Memory runs: {result['steps']} GRPO steps, completions forced to full "
+        "length; vLLM off; memory capped to each tier's card.",
         "",
         "| " + " | ".join(h for _, h in COLUMNS) + " |",
         "|" + "|".join("---" for _ in COLUMNS) + "|",
     ]
     for row in add_ratios(result["rows"]):
         lines.append("| " + " | ".join(format_cell(row.get(key)) for key, _ in COLUMNS) + " |")
+    lines += [f"\n{learn_summary(row)}" for row in result["rows"] if row["kind"] == "learn"]
     lines += [
         f"\n{row['tier']} {row['arch']} export: {row['export_note']}"
         for row in result["rows"]
@@ -408,6 +523,39 @@ def markdown_table(result: dict) -> str:
                 f"{item['tolerance']:.2e} ({item['detail']})"
             )
     return "\n".join(lines) + "\n"
+
+
+def learn_summary(row: dict) -> str:
+    """A learn row in words: steps, reward, format rate and strict accuracy before -> after with the paired interval,
+    the LoRA effect, each export's check, check-answers' two models, seconds per step and peak memory."""
+    name = f"learn {row['tier']} {row['arch']}"
+    if row.get("format_after") is None:
+        return f"{name}: {row.get('status')} {row.get('note') or ''}".strip()
+    pct = lambda x: f"{100 * x:.1f} %"  # noqa: E731
+    low, high = row["strict_interval"]
+    lines = [
+        f"{name} ({row['precision']}, {'4-bit' if row['load_in_4bit'] else 'unquantized'} base): "
+        f"{row['steps_done']} GRPO steps of {row['steps_planned']}, {format_cell(row['seconds_per_step'])} s/step "
+        f"(median after the first), reward {format_cell(row['reward_first'])} -> {format_cell(row['reward_last'])}",
+        f"format rate {pct(row['format_before'])} -> {pct(row['format_after'])}; strict accuracy "
+        f"{pct(row['strict_before'])} -> {pct(row['strict_after'])}, change 95 % paired interval "
+        f"[{100 * low:+.1f}, {100 * high:+.1f}] points (n={row['eval_n']}, grpo-kit eval's protocol)",
+        f"LoRA effect {row['lora_effect']:.2e} (largest |scale * B @ A|)",
+    ]
+    lines += [
+        f"export {item['format']}: verified, max |d| {item['max_abs_diff']:.2e} <= {item['tolerance']:.2e} "
+        f"({item['detail']})"
+        for item in row.get("exports") or ()
+    ]
+    if answers := row.get("answers"):
+        said = "; ".join(
+            f"{label} format {pct(m['format_rate'])}, strict {pct(m['accuracy_strict'])}"
+            for label, m in answers.items()
+        )
+        lines.append(f"check-answers (n={next(iter(answers.values()))['n']}): {said}")
+    peak = row.get("peak_reserved_gib") or row.get("peak_rss_gib")
+    lines.append(f"peak memory {format_cell(peak)} GiB ({'CUDA reserved' if row.get('peak_reserved_gib') else 'RSS'})")
+    return "\n".join(lines)
 
 
 def environment() -> dict:
@@ -529,10 +677,13 @@ def distinct_words(completions, **kwargs) -> list[float]:
     return [len(set(completion_text(c).split())) / 100 for c in completions]
 
 
-def make_timer():
-    """A callback that records each optimizer step's wall time (synchronised, so GPU work is counted)."""
+def make_timer(stop_at: float | None = None):
+    """A callback that records each optimizer step's wall time (synchronised on a GPU, so its work is counted) and,
+    given ``stop_at`` (a ``time.time()``), ends training when the next step (the median so far) would end after it."""
     import torch
     from transformers import TrainerCallback
+
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -540,14 +691,26 @@ def make_timer():
             self._start = 0.0
 
         def on_step_begin(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             self._start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            sync()
             self.times.append(time.perf_counter() - self._start)
+            if stop_at is not None and time.time() + median_step(self.times) > stop_at:
+                control.should_training_stop = True
 
     return StepTimer()
+
+
+def median_step(times: list[float]) -> float | None:
+    """Seconds per step: the median after the first step (it also warms up kernels and the allocator).
+
+    >>> median_step([30.0, 2.0, 3.0, 2.5]), median_step([30.0]), median_step([])
+    (2.5, 30.0, None)
+    """
+    later = times[1:] or times
+    return sorted(later)[len(later) // 2] if later else None
 
 
 def cap_memory(cap_gib: float) -> float:
@@ -577,9 +740,13 @@ def cap_children(fraction: float) -> bool:
 
 
 def run_worker(spec: dict) -> dict:
-    """Inside the subprocess: build (cached), cap, train (and export); return the result row."""
+    """Inside the subprocess: build (cached), cap, train (and export, or evaluate and export); return the result row.
+    Without a GPU only the learn run can run (the CPU rehearsal): uncapped, its peak memory the process's RSS."""
+    import resource
+
     import torch
 
+    from grpo_kit.config import load_recipe
     from grpo_kit.models import gpu_has_bf16, prepare_backend
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
@@ -590,14 +757,17 @@ def run_worker(spec: dict) -> dict:
         model_dir = embedded_model_path()
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
         return {"status": "built", **(build_model(run.arch, model_dir) if run.arch != REAL else {"arch": REAL})}
-    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False)
+    gpu = torch.cuda.is_available()
+    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False, gpu=gpu)
     prepare_backend(preset.kit.backend)  # Unsloth runs: imported before the tokenizer/timer import transformers
-    row = {"cap_fraction": cap_memory(preset.kit.vram_gb), "precision": precision(preset)}
-    if run.kind == "export":  # the export's Unsloth child (the T4/L4 route) must see the card the tier has
-        row["children_capped"] = cap_children(row["cap_fraction"])
-    torch.cuda.reset_peak_memory_stats()
+    row = {"precision": precision(preset), "load_in_4bit": preset.model.load_in_4bit}
+    if gpu:
+        row["cap_fraction"] = cap_memory(load_recipe(run.tier).kit.vram_gb)
+        if run.kind in ("export", "learn"):  # the export's Unsloth child (the T4/L4 route) must see the tier's card
+            row["children_capped"] = cap_children(row["cap_fraction"])
+        torch.cuda.reset_peak_memory_stats()
     try:
-        row.update(_train_and_measure(run, preset, spec))
+        row.update(_learn(run, preset, spec) if run.kind == "learn" else _train_and_measure(run, preset, spec))
         row["status"] = "fitted"
     except torch.OutOfMemoryError as error:
         row.update(status="OOM", note=str(error).splitlines()[0][:200])
@@ -608,16 +778,34 @@ def run_worker(spec: dict) -> dict:
             note=f"{type(error).__name__}: {str(error).splitlines()[0][:200]}" if str(error) else type(error).__name__,
             traceback=traceback.format_exc()[-4000:],
         )
-    row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
-    row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    if gpu:
+        row["peak_allocated_gib"] = torch.cuda.max_memory_allocated() / GIB
+        row["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+    row["peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     return row
+
+
+def step_figures(result, timer, preset) -> dict:
+    """A training's steps, their seconds and its completion tokens per second, from the timer and the run's log."""
+    per_step = median_step(timer.times)
+    lengths = [h["completions/mean_length"] for h in result.history if "completions/mean_length" in h]
+    mean_len = sum(lengths) / len(lengths) if lengths else None
+    return {
+        "steps_done": result.steps,
+        "step_seconds": timer.times,
+        "seconds_per_step": per_step,
+        "first_step_seconds": timer.times[0] if timer.times else None,
+        "mean_completion_tokens": mean_len,
+        "tokens_per_second": (preset.grpo.generation_batch_size * mean_len / per_step)
+        if per_step and mean_len
+        else None,
+    }
 
 
 def _train_and_measure(run: Run, preset, spec: dict) -> dict:
     from grpo_kit.models import load_tokenizer
     from grpo_kit.train import train
 
-    steps = 1 if run.kind == "export" else spec["steps"]
     timer = make_timer()
     out = Path(spec["out"]) / "runs" / run.name
     if run.kind == "export":
@@ -632,7 +820,6 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
             warmup_steps=0,
         )
     preset = preset.replace(
-        max_steps=steps,
         # min_new_tokens masks EOS until the budget is used: every completion is max_completion_length long.
         generation_kwargs={"min_new_tokens": preset.grpo.max_completion_length},
         save_strategy="no",
@@ -644,41 +831,104 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
         output_dir=out,
         callbacks=(timer,),
     )
-    later = timer.times[1:] or timer.times  # the first step also warms up kernels and the allocator
-    per_step = sorted(later)[len(later) // 2] if later else None
-    lengths = [h["completions/mean_length"] for h in result.history if "completions/mean_length" in h]
-    mean_len = sum(lengths) / len(lengths) if lengths else None
-    row = {
-        "steps_done": result.steps,
-        "step_seconds": timer.times,
-        "seconds_per_step": per_step,
-        "first_step_seconds": timer.times[0] if timer.times else None,
-        "mean_completion_tokens": mean_len,
-        "tokens_per_second": (preset.grpo.generation_batch_size * mean_len / per_step)
-        if per_step and mean_len
-        else None,
-    }
+    row = step_figures(result, timer, preset)
     if run.kind == "export":
-        import gc
-
-        import torch
-
-        gc.collect()  # the trainer and its optimizer state are gone; give their memory back before the reload
-        torch.cuda.empty_cache()
+        _free_gpu()  # the trainer and its optimizer state are gone; give their memory back before the reload
         from grpo_kit.export import lora_effect
 
         if lora_effect(result.adapter_dir):
-            row["exports"] = _export(result.adapter_dir, preset.model.model_name_or_path, out)
+            row["exports"] = _export(result.adapter_dir, out, base_model=preset.model.model_name_or_path)[0]
         else:  # random weights earn no reward, so the LoRA never moves: export refuses such an adapter
             row["export_note"] = "not exported: the LoRA changes nothing (every lora_B 0; no reward signal)"
     return row
 
 
-def _export(adapter_dir: Path, base_model: str, out: Path) -> list[dict]:
+def _learn(run: Run, preset, spec: dict) -> dict:
+    """The learn run, as ``make demo`` types it but in one process: ``grpo-kit train --data sample`` (stopped early
+    when the next step would leave less than ``learn_reserve()`` before the run's deadline), ``grpo-kit eval --compare``
+    on ``spec["questions"]`` held-out questions, ``grpo-kit export --format lora,merged16 --check-answers N``."""
+    from grpo_kit import runs
+    from grpo_kit.data import load_gsm8k
+    from grpo_kit.evaluate import evaluate_before_after, paired_difference
+    from grpo_kit.export import lora_effect
+    from grpo_kit.train import train
+
+    out = Path(spec["out"]) / "runs" / run.name
+    timer = make_timer(stop_at=spec["deadline"] - learn_reserve() if spec.get("deadline") else None)
+    started = time.time()
+    result = train(
+        preset.replace(save_strategy="no", report_to="none"), data="sample", output_dir=out, callbacks=(timer,)
+    )
+    row = {
+        **step_figures(result, timer, preset),
+        "steps_planned": preset.grpo.max_steps,
+        "train_seconds": time.time() - started,
+        "reward_first": result.reward_first,
+        "reward_last": result.reward_last,
+        "learned_nothing": result.learned_nothing,
+        "collapsed": result.collapsed,
+    }
+    _free_gpu()
+
+    # --- grpo-kit eval --compare: the same held-out questions, base (adapter disabled) then base + adapter
+    started = time.time()
+    trained = runs.Run.of(result.adapter_dir)
+    base_model, prompt = trained.base_model, trained.prompt  # the training prompt, from the run's run.json
+    questions = load_gsm8k("sample", split="test", limit=spec["questions"])
+    length = preset.grpo.max_completion_length  # make demo's --max-new-tokens 48, as in training
+    before, after = evaluate_before_after(
+        base_model, result.adapter_dir, questions, max_new_tokens=length, batch_size=16, progress=False, **prompt
+    )
+    change = paired_difference(*([r["correct_strict"] for r in res.rows] for res in (before, after)))
+    row.update(
+        eval_seconds=time.time() - started,
+        eval_n=before.n,
+        eval_protocol=before.protocol,
+        format_before=before.format_rate,
+        format_after=after.format_rate,
+        strict_before=before.accuracy_strict,
+        strict_after=after.accuracy_strict,
+        strict_interval=change.interval,
+        lora_effect=lora_effect(result.adapter_dir),
+    )
+    _free_gpu()
+
+    # --- grpo-kit export --format lora,merged16 --check-answers N: weight by weight, then merged16's answers
+    started = time.time()
+    row["exports"], row["answers"] = _export(result.adapter_dir, out, answers=spec["questions"])
+    row["export_seconds"] = time.time() - started
+    row["note"] = (
+        f"format {100 * before.format_rate:.1f} % -> {100 * after.format_rate:.1f} %; LoRA effect "
+        f"{row['lora_effect']:.2e}; {' + '.join(e['format'] for e in row['exports'])} verified"
+    )
+    return row
+
+
+def _free_gpu() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _export(adapter_dir: Path, out: Path, *, base_model: str | None = None, answers: int = 0):
+    """``grpo_kit.export``'s lora + merged16 (``answers``: its check-answers on that many questions): the verified
+    exports as rows, and the two models' answers it recorded in export.json (None without ``answers``)."""
     from grpo_kit.export import export
 
-    results = export(adapter_dir, ("lora", "merged16"), base_model=base_model, out_dir=out / "exports", overwrite=True)
-    return [r.to_dict() for r in results]
+    results = export(
+        adapter_dir,
+        ("lora", "merged16"),
+        base_model=base_model,
+        out_dir=out / "exports",
+        overwrite=True,
+        answers=answers,
+    )
+    recorded = json.loads((results[0].path.parent / "export.json").read_text())
+    return [r.to_dict() for r in results], recorded["answers"]
 
 
 def worker_main(spec_path: str) -> int:
@@ -708,11 +958,14 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
         return {**row, "status": "skipped", "note": "--time-budget used up"}
     spec_dir = args.out / "specs"
     spec_dir.mkdir(parents=True, exist_ok=True)
+    timeout = min(args.run_timeout, left)
     spec = {
         "kind": run.kind,
         "tier": run.tier,
         "arch": run.arch,
-        "steps": args.steps,
+        "steps": run_steps(run, args.steps, getattr(args, "learn_steps", None)),
+        "questions": getattr(args, "questions", LEARN_QUESTIONS),
+        "deadline": time.time() + timeout,  # the learn run stops training in time to evaluate and export
         "out": str(args.out),
         "models": str(args.models or args.out / "models"),
         "result": str(spec_dir / f"{run.name}.result.json"),
@@ -730,7 +983,7 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
                 [sys.executable, __file__, "--worker", str(spec_path)],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
-                timeout=min(args.run_timeout, left),
+                timeout=timeout,
                 env={**os.environ, **OFFLINE_ENV},
             )
         code = done.returncode
@@ -738,7 +991,7 @@ def run_one(run: Run, args, plan_row: dict, deadline: float) -> dict:
         return {
             **row,
             "status": "timeout",
-            "note": f"no result in {min(args.run_timeout, left):.0f} s",
+            "note": f"no result in {timeout:.0f} s",
             "log": str(log),
         }
     row["wall_seconds"] = time.time() - start
@@ -842,6 +1095,24 @@ def parse_args(argv=None):
     )
     parser.add_argument("--stage", type=int, choices=sorted(STAGES), help="with --profile device: the stage to run")
     parser.add_argument(
+        "--rehearse",
+        choices=("learn",),
+        help="learn: the device's learn run on this machine, in its worker as on the device, without CUDA "
+        "(transformers + PEFT, float32); prints what it shows (default --out gpu-proof-rehearsal)",
+    )
+    parser.add_argument(
+        "--learn-steps",
+        type=int,
+        help=f"the learn run's GRPO steps (default: --profile device as many as stage 1 allows, at most "
+        f"{LEARN_MAX_STEPS}; else the {LEARN_RECIPE} recipe's)",
+    )
+    parser.add_argument(
+        "--questions",
+        type=int,
+        default=LEARN_QUESTIONS,
+        help=f"the learn run's held-out questions, for eval and for check-answers (default {LEARN_QUESTIONS})",
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         type=Path,
@@ -852,13 +1123,30 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     args.tiers = _choices(args.tiers, TIERS, "--tiers")
     args.archs = _choices(args.archs, tuple(ARCHS), "--archs")
-    if args.steps < 1:
-        parser.error("--steps must be at least 1")
+    if min(args.steps, args.learn_steps or 1, args.questions) < 1:
+        parser.error("--steps, --learn-steps and --questions must be at least 1")
     if args.profile == "device":
         if args.stage is None and not args.dry_run:
             parser.error(f"--profile device runs one stage per call: --stage {' or '.join(map(str, STAGES))}")
         args.steps, args.time_budget, args.run_timeout = 2, STAGE_SECONDS, STAGE_SECONDS
+        args.learn_steps = args.learn_steps or device_learn_steps()
     return args
+
+
+def rehearse(args) -> int:
+    """``--rehearse learn``: the learn run here, through ``run_one`` and its worker as on the device, with CUDA hidden
+    (so transformers + PEFT in float32); writes OUT/gpu_proof.json and .md and prints the row in words. Exit 1 unless
+    it ran to the end."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before torch is imported here; the worker inherits it
+    args.out = args.out or Path("gpu-proof-rehearsal")
+    started = time.time()
+    plan = describe_plan([LEARN], args.steps, args.learn_steps)
+    row = run_one(LEARN, args, {k: plan["runs"][0][k] for k in PLAN_KEYS}, started + args.time_budget)
+    result = {"date": datetime.date.today().isoformat(), "environment": environment(), "steps": args.steps}
+    write_results({**result, "rows": [row]}, args.out)
+    print(learn_summary(row))
+    print(f"[gpu-proof] rehearsal: {time.time() - started:.0f} s wall; wrote {args.out / 'gpu_proof.json'}")
+    return 0 if row["status"] == "fitted" else 1
 
 
 def _choices(text: str, valid: tuple, flag: str) -> tuple:
@@ -879,18 +1167,20 @@ def main(argv=None) -> int:
         write_results(result, args.out or Path("gpu-proof-results"))
         print(markdown_table(result))
         return 0
+    if args.rehearse:
+        return rehearse(args)
     if args.profile == "device":
         runs = [run for stage in ([args.stage] if args.stage else STAGES) for run in STAGES[stage]]
     else:
         runs = plan_runs(args.tiers, args.archs, skip_plain=args.skip_plain, export=not args.skip_export)
-    plan = describe_plan(runs, args.steps)
+    plan = describe_plan(runs, args.steps, args.learn_steps)
     if args.dry_run:
         print(format_plan(plan))
         if args.profile == "device":
             for stage, stage_runs in STAGES.items():
                 print(
-                    f"stage {stage} (one device call, at most {STAGE_SECONDS} s): "
-                    + ", ".join(run.name for run in stage_runs)
+                    f"stage {stage} (one device call, at most {STAGE_SECONDS} s; planned "
+                    f"{plan['stage_seconds'][stage]:.0f} s): " + ", ".join(run.name for run in stage_runs)
                 )
             print(f"{REAL}: the embedded model's real weights; the others random weights of the real shapes")
         if args.out:

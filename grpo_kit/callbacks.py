@@ -274,7 +274,8 @@ class MetricsLogger(TrainerCallback):
     """The run's record (``runs.Run``): its ``run.json`` as training begins, and its history, the Trainer's
     ``log_history`` (restored with a checkpoint: what a killed run logged after it is gone), as ``metrics.jsonl`` after
     each log (the plots and resume read it), each ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one
-    meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch."""
+    meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch; under SEED-GRPO
+    the sum of what they gave, the scaled sum that trains being ``seed_grpo/reward``."""
 
     def __init__(self, run):
         self.run = run
@@ -296,6 +297,8 @@ class MetricsLogger(TrainerCallback):
                         name = key[8:-5]
                         key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
                     row[key] = value
+                if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
+                    row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
                 rows.append(row)
         self.run.write_history(rows)
 

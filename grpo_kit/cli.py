@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=("train", "cli_train"))
 
+    p = sub.add_parser("doctor", help="a run's findings and vital signs: why GRPO is (not) learning")
+    p.add_argument("run", help="run folder (finished, stopped or still training)")
+    p.set_defaults(handler=("doctor", "cli_doctor"))
+
     p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
     p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
     p.add_argument("--adapter", help="LoRA adapter folder to evaluate on top of --model")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import importlib.util
 import json
 import math
 import os
@@ -121,7 +122,8 @@ def _read_yaml(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
     except OSError as error:
         raise GrpoKitError(f"Cannot read recipe file {path}: {error.strerror or error}. Check the path.") from error
     except (yaml.YAMLError, UnicodeDecodeError) as error:
@@ -133,6 +135,10 @@ def _read_yaml(path: Path) -> dict:
         ) from None
     if not isinstance(data, dict):
         raise GrpoKitError(f"Recipe file {path} must hold a mapping of field names to values, like recipes/cpu.yaml.")
+    keys = [key for key, _ in yaml.compose(text).value]  # YAML lets the last of two equal keys win without a word
+    for key in keys:
+        if len(lines := [other.start_mark.line + 1 for other in keys if other.value == key.value]) > 1:
+            raise GrpoKitError(f"Recipe file {path}: {key.value} is set on lines {lines}; keep one of them.")
     return data
 
 
@@ -266,6 +272,8 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     refuse_unless("use_peft", True, "grpo-kit trains LoRA adapters")
     refuse_unless("remove_unused_columns", False, "the rewards read the answer column")
     defaults: dict[str, Any] = {"use_peft": True, "logging_nan_inf_filter": False}  # a NaN loss must reach the guard
+    if "trackio" in str(values.get("report_to")) and "log_completions" not in values:
+        defaults["log_completions"] = True  # TRL's completions table in the Trackio dashboard
     # TRL's default upper clip (epsilon_high = epsilon), written out: Unsloth's GRPOConfig sets 0.28 where it is unset
     # and loss_type is dapo, so a recipe silent on it would clip differently on a GPU than on a CPU.
     with contextlib.suppress(TypeError, ValueError):  # an epsilon that is no number is refused by TRL's parser
@@ -386,3 +394,8 @@ def _check(recipe: Recipe) -> None:
         )
     if not recipe.model.model_name_or_path:
         raise GrpoKitError(f"Recipe {name}: model_name_or_path is missing; name a Hub id or a local folder.")
+    if "trackio" in config.report_to and importlib.util.find_spec("trackio") is None:
+        raise GrpoKitError(
+            f"Recipe {name}: report_to: trackio needs Trackio, which is not installed: pip install trackio==0.43.0 "
+            '(or pip install -e ".[track]"), or drop report_to.'
+        )

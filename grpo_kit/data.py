@@ -98,7 +98,7 @@ def _records(source: str, split: str):
             rows = make_arithmetic_dataset(ARITHMETIC_SIZES["test"], seed=1, exclude=rows["solution"])
         records = [{"question": row["question"], "answer": row["solution"]} for row in rows]
         return f"synthetic arithmetic (not GSM8K, split {split!r})", records
-    return str(Path(source)), _file_records(Path(source))
+    return str(Path(source)), _file_records(Path(source), split)
 
 
 def _checked_rows(records, label: str, lenient: bool) -> list[dict]:
@@ -240,40 +240,50 @@ def _hub_records(split: str):
     return hub
 
 
-def _file_records(path: Path):
-    """The records of a local file, read by the ``datasets`` loader for its suffix after cheap path checks."""
+def _file_records(path: Path, split: str = "train"):
+    """The records of a local file, read by the ``datasets`` loader for its suffix after cheap path checks, or of a
+    folder ``save_to_disk`` wrote (a ``DatasetDict``: its ``split``, as from the Hub)."""
     import datasets
 
     accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
-    if path.is_dir():
-        found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
-        raise GrpoKitError(
-            f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' "
-            "fields"
-            + (
-                f", e.g. {path / found[0]} (this folder has {', '.join(found)})."
-                if found
-                else "; this folder holds none."
+    if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():  # Dataset(Dict).save_to_disk
+        table = datasets.load_from_disk(str(path))
+        if isinstance(table, datasets.DatasetDict):
+            if split not in table:
+                raise GrpoKitError(f"{path} has no {split!r} split, only {', '.join(table)}; save one.")
+            table = table[split]
+    else:
+        if path.is_dir():
+            found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in LOCAL_FORMATS)[:5]
+            raise GrpoKitError(
+                f"--data {path} is a directory; it takes one file ({accepted}) with 'question' and 'answer' "
+                "fields"
+                + (
+                    f", e.g. {path / found[0]} (this folder has {', '.join(found)})."
+                    if found
+                    else "; this folder holds none."
+                )
             )
-        )
-    if not path.is_file():
-        raise GrpoKitError(
-            f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), "
-            f"'arithmetic' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
-        )
-    if suffix not in LOCAL_FORMATS:
-        raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
-    loader, shape = LOCAL_FORMATS[suffix]
-    if not path.read_bytes().strip():
-        raise GrpoKitError(f"{path} is empty. Write {shape}.")
-    _check_cache()
-    try:  # utf-8-sig: a JSON file saved as "UTF-8 with BOM" (Windows) loads too
-        options = {"encoding": "utf-8-sig"} if loader == "json" else {}
-        table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)
-    except Exception as err:  # the loaders raise ValueError, TypeError, ArrowInvalid, DatasetGenerationError, ...
-        cause = err.__cause__ or err  # DatasetGenerationError keeps the parser's own message in its cause
-        first = str(cause).strip().partition("\n")[0][:200]
-        raise GrpoKitError(f"{path}: could not read it ({type(cause).__name__}: {first}). It must be {shape}.") from err
+        if not path.is_file():
+            raise GrpoKitError(
+                f"Data file not found: {path}. --data takes 'gsm8k' (Hub), 'sample' (bundled), "
+                f"'arithmetic' (synthetic) or a path to a {accepted} file with 'question' and 'answer' fields."
+            )
+        if suffix not in LOCAL_FORMATS:
+            raise GrpoKitError(f"{path}: unsupported file type {suffix or '(none)'!r}; use one of {accepted}.")
+        loader, shape = LOCAL_FORMATS[suffix]
+        if not path.read_bytes().strip():
+            raise GrpoKitError(f"{path} is empty. Write {shape}.")
+        _check_cache()
+        try:  # utf-8-sig: a JSON file saved as "UTF-8 with BOM" (Windows) loads too
+            options = {"encoding": "utf-8-sig"} if loader == "json" else {}
+            table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)
+        except Exception as err:  # the loaders raise ValueError, TypeError, ArrowInvalid, DatasetGenerationError, ...
+            cause = err.__cause__ or err  # DatasetGenerationError keeps the parser's own message in its cause
+            first = str(cause).strip().partition("\n")[0][:200]
+            raise GrpoKitError(
+                f"{path}: could not read it ({type(cause).__name__}: {first}). It must be {shape}."
+            ) from err
     _need_columns(path, table.column_names)
     return table.select_columns(["question", "answer"]).to_list()
 

@@ -248,12 +248,9 @@ def evaluate(
 
     About 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
     """
-    for column in ("question", "answer"):
-        if column not in dataset.column_names:
-            raise GrpoKitError(
-                f"evaluate needs '{column}' in the dataset (use grpo_kit.data.load_gsm8k); found "
-                f"{dataset.column_names}."
-            )
+    from grpo_kit.data import _need_columns
+
+    _need_columns("evaluate's dataset (grpo_kit.data.load_gsm8k makes one)", dataset.column_names)
     if len(dataset) == 0:
         raise GrpoKitError("evaluate got no questions; load some with load_gsm8k('sample', 'test').")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
@@ -491,12 +488,22 @@ def cli_chat(args) -> int:
 def cli_eval(args) -> int:
     """``grpo-kit eval``: the kit's protocol on base, base+adapter or both (--compare); prints the metrics; --out
     saves the tuned (or only) result there, the base one as <stem>-base.json."""
+    from grpo_kit.adapters import adapter_config
     from grpo_kit.data import load_gsm8k
     from grpo_kit.models import load_inference_model, set_torch_threads
 
     if min(args.batch_size, args.max_new_tokens) < 1:
         raise GrpoKitError(
             f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, {args.max_new_tokens})."
+        )
+    export = Path(args.model).parent / "export.json"  # --model an export's merged16: the base it was merged from
+    merged = json.loads(export.read_text(encoding="utf-8")).get("lora_base") if export.is_file() else None
+    trained_on = (Path(args.adapter or "") / "adapter_config.json").is_file() and adapter_config(args.adapter)
+    if merged and (args.compare and not args.adapter or trained_on and trained_on.base_model_name_or_path == merged):
+        raise GrpoKitError(
+            f"{args.model} is {merged} with a LoRA merged in (export.json): an adapter trained on {merged} goes on "
+            f"{merged} itself. Base against merged: --model {merged} --adapter ADAPTER --compare; the merge itself: "
+            "grpo-kit export --adapter ADAPTER --format merged16 --check-answers N."
         )
     if args.compare and not args.adapter:
         raise GrpoKitError("--compare compares the base model with an adapter; pass --adapter DIR too.")

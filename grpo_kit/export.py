@@ -347,6 +347,7 @@ def model_card(info: Mapping[str, Any]) -> str:
     }
     table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
     lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
+    lines += ["", "Run doctor (`grpo-kit doctor`): " + ("; ".join(info["doctor"]) or "no warning.")]
     lines += (
         [
             "",
@@ -525,12 +526,14 @@ def export(
     other), into export.json and the model card. Returns one ``ExportResult`` per folder or file written
     (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
+    from grpo_kit import doctor  # transformers: after Unsloth
+
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
     run = runs.Run.of(adapter_dir)
     steps = run.steps  # the run's log up to this adapter: a checkpoint before a collapse is fine
     logged = [row for row in run.history if row.get("step", 0) <= (steps or 0)]
-    if problem := runs.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
+    if problem := doctor.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
         raise GrpoKitError(
             f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
             "earlier checkpoint-N of the run, or train again with a lower --set learning_rate."
@@ -539,7 +542,7 @@ def export(
         raise GrpoKitError(
             f"Cannot export {adapter_dir}: its LoRA changes nothing (scale * B @ A is 0 everywhere: every lora_B is "
             "still 0), so an export would be the base model. Its run learned nothing"
-            + (f" ({why})" if (why := runs.learned_nothing(logged)) else "")
+            + (f" ({why})" if (why := doctor.learned_nothing(logged)) else "")
             + ": train again with rewards that tell a group's completions apart (the run's summary says how)."
         )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
@@ -623,6 +626,9 @@ def export(
                 "run": run.info or None,
                 "steps": steps,
                 "evals": run.evaluations,
+                "doctor": [
+                    f"step {f['step']}: {f['message']}" for f in doctor.diagnose(logged) if f["level"] == "warning"
+                ],
                 "repo": push_to_hub,
                 "prompt": prompt,
                 "answers": answered,

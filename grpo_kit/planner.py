@@ -243,19 +243,28 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
 
 
 def check_device(recipe, device) -> None:
-    """Refuse what ``device`` (``models.detect_device()``) cannot run: GPU-only settings without a GPU,
-    bf16 on a GPU without it (compute capability below 8.0, e.g. a T4). Warn, naming the fixes, when the planner
-    expects the recipe not to fit the card."""
+    """Refuse what this machine cannot run: a ``report_to`` integration whose package is missing, GPU-only settings
+    without a GPU (``device``: ``models.detect_device()``), bf16 on a GPU without it (compute capability below 8.0,
+    e.g. a T4). Warn, naming the fixes, when the planner expects the recipe not to fit the card."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
     config = recipe.grpo
+    try:  # transformers' own checks: each integration's callback refuses to start without its package
+        for callback in get_reporting_integration_callbacks(config.report_to):
+            callback()
+    except Exception as error:  # the message names the install command: `pip install wandb`
+        raise GrpoKitError(
+            f"Recipe '{recipe.name}': report_to={','.join(config.report_to)} cannot work here: {error} Or log to "
+            "metrics.jsonl only: --set report_to=none."
+        ) from None
     if device.kind != "cuda":
         # 4-bit weights are not among them: bitsandbytes (0.50.2) has CPU kernels for NF4 (the cpu-4bit recipe)
-        gpu_only = [
-            what for what, on in (("vLLM", config.use_vllm), ("bf16", config.bf16), ("fp16", config.fp16)) if on
-        ]
-        if gpu_only:
+        if gpu_only := [key for key in ("use_vllm", "bf16", "fp16") if getattr(config, key)]:
             raise GrpoKitError(
-                f"Recipe '{recipe.name}' needs a CUDA GPU ({', '.join(gpu_only)}) and this machine has "
-                "none. Use --preset cpu (or auto), or on Colab: Runtime > Change runtime type > T4 GPU."
+                f"Recipe '{recipe.name}' needs a CUDA GPU for {', '.join(gpu_only)} and this machine has none (the "
+                f"kit runs vLLM on a GPU only). Turn off ({' '.join(f'--set {key}=false' for key in gpu_only)}) or use "
+                "a CPU recipe (--preset cpu); on "
+                "Colab: Runtime > Change runtime type > T4 GPU."
             )
         return
     if config.bf16 and not device.bf16:

@@ -34,8 +34,9 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
     fig = plt.figure(figsize=(15, 4)) if show else Figure(figsize=(15, 4))
     ax_reward, ax_length, ax_zero = fig.subplots(1, 3)
     _line(ax_reward, rows, "reward", "total reward", linewidth=2.5)
+    _line(ax_reward, rows, "seed_grpo/reward", "total reward scaled by SEED-GRPO (trains)", linewidth=2.5)
     for key in sorted({k for row in rows for k in row if k.startswith("reward/")}):
-        _line(ax_reward, rows, key, key.split("/", 1)[1], linestyle="--")
+        _line(ax_reward, rows, key, key[7:].replace("seed_grpo/", "scaled: "), linestyle="--")
     _line(ax_reward, rows, "format_rate", "format rate", linestyle=":")
     ax_reward.set(title="Reward per step", xlabel="step", ylabel="mean over completions")
     ax_reward.legend(fontsize=8)

@@ -11,7 +11,6 @@ outside the main thread. Every check is linear in the text length (``str.find``/
 
 from __future__ import annotations
 
-import functools
 import importlib
 import inspect
 import itertools
@@ -86,7 +85,7 @@ def has_soft_format(text: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The rewards. The first docstring line is the row of the README's reward table.
+# The rewards. The first docstring line is the row of the README's reward table (the weight-0 metrics share one row).
 
 
 def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list[float]:
@@ -202,18 +201,32 @@ def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
     trained reward of a group scaled by 1 / (1 + alpha * H), H the group's ``semantic_entropy``. With
     ``scale_rewards: none`` TRL's advantage is then (r_i - mean r) / (1 + alpha * H): the paper's A_i * f(alpha * SE /
     SE_max) with f(x) = 1 / (1 + x), cluster mass counted (p = |C| / G) where the paper sums the answers'
-    probabilities. Metrics (weight 0) are left as they are; 0 (the default) returns ``funcs`` unchanged."""
-    alpha = recipe.kit.seed_grpo_alpha
+    probabilities. Metrics (weight 0) are left as they are; 0 (the default) returns ``funcs`` unchanged.
 
-    def scaled(fn):
-        @functools.wraps(fn)  # the name TRL logs it under
+    What each reward gave is logged as without SEED-GRPO (``rewards/<name>/mean``, its column of TRL's completions
+    table, and their weighted sum ``reward_unscaled``); what trains is TRL's ``seed_grpo/<name>`` and ``reward``
+    (``MetricsLogger`` writes these two totals as ``reward`` and ``seed_grpo/reward``)."""
+    from trl.trainer.utils import get_callable_name  # the name TRL logs a reward under
+
+    alpha, trained = recipe.kit.seed_grpo_alpha, sum(1 for _, weight in recipe.rewards if weight)
+
+    def scaled(fn, weight, name):
         def reward(completions, **kwargs):
-            h = semantic_entropy(completions, **kwargs)
-            return [s if s is None else s / (1 + alpha * e) for s, e in zip(fn(completions, **kwargs), h, strict=True)]
+            scores, h = fn(completions, **kwargs), semantic_entropy(completions, **kwargs)
+            given = [s for s in scores if s is not None]
+            if given and "log_metric" in kwargs:  # TRL averages a metric's values: n rewards logging n x a share sum
+                kwargs["log_metric"](f"rewards/{name}/mean", sum(given) / len(given))
+                kwargs["log_metric"]("reward_unscaled", trained * weight * sum(given) / len(scores))
+                kwargs["log_extra"](name, scores)
+            return [s if s is None else s / (1 + alpha * e) for s, e in zip(scores, h, strict=True)]
 
+        reward.__name__ = f"seed_grpo/{name}"  # TRL logs the scaled score under its own name
         return reward
 
-    return [scaled(fn) if alpha and weight else fn for fn, (_, weight) in zip(funcs, recipe.rewards, strict=True)]
+    return [
+        scaled(fn, weight, get_callable_name(fn)) if alpha and weight else fn
+        for fn, (_, weight) in zip(funcs, recipe.rewards, strict=True)
+    ]
 
 
 #: The built-in rewards that are metrics: logged under their own name (weight 0 in the recipes: they never train).

@@ -182,6 +182,9 @@ class Run:
                 "touched. Choose another --output: a new or empty folder such as runs/my-run."
             )
         if held and not resume:
+            if is_main and (run.dir / LOCK_NAME).exists():  # a folder in use says so first, naming its PID
+                run.lock()
+                run.close()
             raise GrpoKitError(
                 f"Run folder {run.dir} already has files. Use --resume to continue it, or choose another --output."
             )
@@ -508,49 +511,3 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
         return None, None
     window = max(1, min(window, len(values) // 2 or 1))
     return sum(values[:window]) / window, sum(values[-window:]) / window
-
-
-def learned_nothing(history: list[dict]) -> str | None:
-    """What the log shows when the run had nothing to learn from, else None: no reward was ever given (every reward
-    function returned None), or grad_norm was 0 at every logged step (each group's completions all scored the same,
-    so every advantage was 0 and the LoRA never moved).
-
-    >>> learned_nothing([{"step": 1, "reward": 0.0, "grad_norm": 0.0}, {"step": 2, "reward": 0.0, "grad_norm": 0.0}])
-    'grad_norm was 0 at all 2 logged steps: the completions of each group all scored the same, so every advantage was 0'
-    """
-    rows = [row for row in history if "grad_norm" in row or "reward" in row]
-    if not rows:
-        return None
-    if not any(isinstance(row.get("reward"), (int, float)) for row in rows):
-        return f"no reward was given at any of {len(rows)} logged steps (every reward function returned None)"
-    if all(row.get("grad_norm") == 0 for row in rows):
-        return (
-            f"grad_norm was 0 at all {len(rows)} logged steps: the completions of each group all scored the same, so "
-            "every advantage was 0"
-        )
-    return None
-
-
-def collapse(history: list[dict]) -> str | None:
-    """What the last logged step shows when the model no longer answers, else None: the reward fell to 0, and every
-    completion was cut at max_completion_length where some used to end, with no gradient left. A learning rate far too
-    high does that while every weight stays finite and small, so ``adapters.adapter_problem`` cannot see it; the
-    run's own log can. (A budget too short for any answer clips every completion from the start: that is no
-    collapse.)
-
-    >>> collapse([{"step": 1, "reward": 0.25, "completions/clipped_ratio": 0.625}, {"step": 2, "reward": 0.0,
-    ...     "completions/clipped_ratio": 1.0, "grad_norm": 0.0}])
-    'at step 2 the reward fell from 0.250 to 0, every completion was cut at max_completion_length and grad_norm was 0'
-    """
-    rows = [row for row in history if isinstance(row.get("reward"), (int, float))]
-    if not rows:
-        return None
-    last, best = rows[-1], max(row["reward"] for row in rows)
-    ended = min(row.get("completions/clipped_ratio", 1) for row in rows) < 1  # some completions ended before
-    clipped, still = last.get("completions/clipped_ratio") == 1, last.get("grad_norm") == 0
-    if last["reward"] == 0 < best and ended and clipped and still:
-        return (
-            f"at step {last.get('step')} the reward fell from {best:.3f} to 0, every completion was cut at "
-            "max_completion_length and grad_norm was 0"
-        )
-    return None

@@ -32,8 +32,12 @@ class TrainResult:
     reward_last: float | None  # mean reward over the last few logged steps
     history: list[dict] = field(default_factory=list, repr=False)
     already_finished: bool = False  # ``resume`` found the run at max_steps: nothing was trained or changed
-    collapsed: str | None = None  # ``runs.collapse``: the log shows a model that no longer answers
-    learned_nothing: str | None = None  # ``runs.learned_nothing``: no reward signal, the LoRA never moved
+    findings: list[dict] = field(default_factory=list)  # the run doctor's (``doctor.diagnose``)
+
+    @property
+    def failed(self) -> bool:
+        """The run collapsed or learned nothing: export refuses its adapter, ``grpo-kit train`` exits 1."""
+        return any(f["check"] in ("collapsed", "learned-nothing") for f in self.findings)
 
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
@@ -44,22 +48,19 @@ class TrainResult:
                 f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
                 "--set max_steps=N with --resume to train on)\n"
             )
-        warning = ""
-        if self.collapsed:
-            warning = (
-                f"\nwarning: the run collapsed: {self.collapsed}. The adapter no longer answers (export refuses it); "
-                "train again with a lower --set learning_rate, or use an earlier checkpoint-N."
-            )
-        elif self.learned_nothing:
-            warning = (
-                f"\nwarning: the run learned nothing: {self.learned_nothing}. The adapter is the model it started from "
-                "(export refuses it). Give GRPO rewards that tell a group's completions apart: a reward that returns "
-                "numbers, partial credit (tag_progress), worked examples and a prefill (the cpu recipe's few_shot and "
-                "prefill), longer completions or larger groups (max_completion_length, num_generations)."
-            )
+        warnings = "".join(
+            f"\nwarning: {f['message']} (seen at step {f['step']})" for f in self.findings if f["level"] == "warning"
+        )
         return (
-            head + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}\n"
-            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warning}"
+            head
+            + f"steps: {self.steps}   time: {self.seconds:.0f} s   reward: {start} -> {end}"
+            + (
+                " (what the rewards gave; SEED-GRPO trained on them scaled: seed_grpo/ in metrics.jsonl)"
+                if any("seed_grpo/reward" in row for row in self.history)
+                else ""
+            )
+            + "\n"
+            f"adapter: {self.adapter_dir}\nmetrics: {self.metrics_path}{warnings}"
         )
 
 
@@ -93,18 +94,22 @@ def train(
         guard_rewards,
     )
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
+    from grpo_kit.doctor import Doctor
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions, seed_grpo
 
-    # --- Recipe: the run folder is its output_dir; vLLM that cannot be imported here is turned off, and said so
+    # --- Recipe: what this machine cannot run is refused (GPU-only settings on a CPU, bf16 on a T4, a report_to
+    # integration not installed; VRAM: warned); the run folder is its output_dir; vLLM that cannot be imported on a
+    # GPU is turned off, and said so
+    check_device(recipe, models.detect_device())
     recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
+    config.run_name = config.run_name or run_dir.name  # the run's name in Trackio and other trackers
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer
 
     models.set_torch_threads()
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")  # TRL pings telemetry with HF_TOKEN in the request
     models.ensure_logprob_kernel()  # TRL 1.15 on a machine without Triton (any CPU): see grpo_kit/models.py
-    check_device(recipe, models.detect_device())  # GPU-only settings on a CPU, bf16 on a T4: refused; VRAM: warned
 
     # --- Data, prompts and rewards: every input is read and checked before any weights load
     source = data if dataset is None else None  # a dataset object has no name to record or compare on resume
@@ -144,7 +149,7 @@ def train(
             args=config,
             train_dataset=train_set,
             processing_class=tokenizer,
-            callbacks=[MetricsLogger(run), NumericsGuard(run_dir), ScheduleToMaxSteps(), *callbacks],
+            callbacks=[MetricsLogger(run), NumericsGuard(run_dir), ScheduleToMaxSteps(), Doctor(run_dir), *callbacks],
         )
         start = time.time()
         try:
@@ -172,6 +177,8 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _result(run, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False) -> TrainResult:
+    from grpo_kit.doctor import diagnose
+
     history = run.history
     first, last = runs.reward_first_last(history)
     return TrainResult(
@@ -184,8 +191,7 @@ def _result(run, adapter_dir: Path, steps: int, seconds: float, *, already_finis
         reward_last=last,
         history=history,
         already_finished=already_finished,
-        collapsed=runs.collapse(history),
-        learned_nothing=runs.learned_nothing(history),
+        findings=diagnose(history, beta=(run.info.get("recipe") or {}).get("beta", 0)),
     )
 
 
@@ -199,9 +205,11 @@ def cli_train(args) -> int:
     from grpo_kit.plots import plot_metrics
 
     changes = parse_set(args.set)
+    if args.resume and not args.output:
+        raise GrpoKitError("--resume continues a run: name its folder, --output RUN (e.g. runs/cpu-20261201-101500).")
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
-    info = runs.Run(args.output).info if args.resume and args.output else {}
+    info = runs.Run(args.output).info if args.resume else {}
     recorded = info.get("recipe") or {}
     changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
     if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)
@@ -232,4 +240,4 @@ def cli_train(args) -> int:
         except OSError as error:  # a full disk once the adapter is saved: the run is complete, only the plot is not
             plot = f"not written ({error.strerror or error}); grpo_kit.plots.plot_metrics draws it from metrics.jsonl"
         print("\n" + result.summary() + (f"\nplot: {plot}" if plot else ""))
-    return 1 if result.collapsed or result.learned_nothing else 0  # export refuses such an adapter
+    return 1 if result.failed else 0

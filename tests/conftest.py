@@ -62,6 +62,18 @@ def pytest_collection_modifyitems(config, items):
         items[:] = keep
 
 
+def pytest_collection_finish(session):
+    """A test module that defines ``prefetch()`` (tests/test_requirements_colab.py: pip resolutions that mostly wait
+    on the network) has it called once, when the session begins and its tests are selected, so that work runs beside
+    the other tests instead of after them."""
+    if session.config.option.collectonly:
+        return
+    modules = {getattr(item, "module", None) for item in session.items}
+    for module in modules:
+        if callable(getattr(module, "prefetch", None)):
+            module.prefetch()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _pin_threads():
     from grpo_kit.models import set_torch_threads

@@ -341,6 +341,28 @@ def _datasets_cache_under_a_file(tmp, env):
     env["monkeypatch"].setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp / "hf" / "datasets"))
 
 
+def _merged_export(tmp, env):
+    """An export of the adapter at ``{tmp}/run/adapter``: ``{tmp}/exports/run/merged16`` (the tiny model standing in
+    for the merge) and its export.json, which names the base the LoRA was merged from."""
+    import shutil
+
+    _adapter()(tmp, env)
+    shutil.copytree(env["tiny"], tmp / "exports" / "run" / "merged16")
+    (tmp / "exports" / "run" / "export.json").write_text(json.dumps({"lora_base": str(env["tiny"])}))
+
+
+def _saved_to_disk(splits=None):
+    """``{tmp}/ds``: two GOOD-like rows as ``Dataset.save_to_disk`` writes them, or a ``DatasetDict`` of ``splits``."""
+
+    def make(tmp, env):
+        from datasets import Dataset, DatasetDict
+
+        rows = Dataset.from_list([GOOD, {"question": "Half of 8?", "answer": "#### 4"}])
+        (DatasetDict({split: rows for split in splits}) if splits else rows).save_to_disk(str(tmp / "ds"))
+
+    return make
+
+
 def _chain(*setups):
     def make(tmp, env):
         for setup in setups:
@@ -1143,6 +1165,69 @@ CASES = [
         ("eval", "--model", "{tmp}/model", "--data", "sample", "--limit", "1"),
         ("tokenizer",),
         _no_tokenizer_model,
+    ),
+    # round 6: settings checked before loading, advice that fits
+    Case(
+        "report-to-not-installed",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "report_to=wandb"),
+        ("report_to=wandb", "pip install wandb", "--set report_to=none"),
+    ),
+    Case(
+        "report-to-unknown",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "report_to=wandbb"),
+        ("wandbb is not supported", "--set report_to=none"),
+    ),
+    Case(
+        "vllm-on-cpu",
+        "settings",
+        (*TRAIN, "--data", "sample", "--set", "use_vllm=true"),
+        ("needs a CUDA GPU for use_vllm", "--set use_vllm=false"),
+    ),
+    Case(
+        "recipe-duplicate-key",
+        "settings",
+        ("train", "--recipe", "{tmp}/twice.yaml", "--data", "sample", "--output", "{tmp}/run"),
+        ("twice.yaml: max_steps is set on lines [2, 4]",),
+        _file("twice.yaml", b"name: twice\nmax_steps: 1\nlora_r: 8\nmax_steps: 3\n"),
+    ),
+    Case(
+        "used-output-in-use",
+        "resume",
+        (*TRAIN, "--data", "sample"),
+        ("in use by another training process", "PID"),
+        _run_with(steps=1, locked=True),
+    ),
+    Case("resume-without-output", "resume", ("train", "--resume"), ("--resume continues a run", "--output RUN")),
+    Case(
+        "eval-compare-merged",
+        "eval",
+        ("eval", "--model", "{tmp}/exports/run/merged16", "--data", "sample", "--compare"),
+        ("a LoRA merged in", "--model {tiny} --adapter ADAPTER --compare", "--check-answers N"),
+        _merged_export,
+    ),
+    Case(
+        "eval-adapter-on-its-merge",
+        "eval",
+        ("eval", "--model", "{tmp}/exports/run/merged16", "--adapter", "{tmp}/run/adapter", "--data", "sample"),
+        ("with a LoRA merged in", "goes on {tiny} itself", "--model {tiny} --adapter ADAPTER --compare"),
+        _merged_export,
+    ),
+    Case(
+        "data-saved-to-disk",
+        "eval",
+        ("eval", "--model", "{tiny}", "--data", "{tmp}/ds", "--max-new-tokens", "2"),
+        ("n=2",),
+        _saved_to_disk(),
+        code=0,
+    ),
+    Case(
+        "data-saved-to-disk-no-test-split",
+        "data",
+        ("eval", "--data", "{tmp}/ds"),
+        ("{tmp}/ds has no 'test' split, only train",),
+        _saved_to_disk(["train"]),
     ),
 ]
 

@@ -66,22 +66,75 @@ def dry_run(tmp_path_factory):
     return _dry_run(tmp_path_factory.mktemp("dry"))
 
 
-def test_the_device_profile_plans_the_t4_stages_with_the_real_weights_first_then_the_consumer_caps(tmp_path):
-    out, plan = _dry_run(tmp_path, "--profile", "device")
+@pytest.fixture(scope="module")
+def device_plan(tmp_path_factory):
+    return _dry_run(tmp_path_factory.mktemp("device"), "--profile", "device")
+
+
+def test_the_device_profile_plans_learning_first_then_the_t4_memory_runs_then_the_consumer_caps(device_plan):
+    out, plan = device_plan
     runs = {row["run"]: row for row in plan["runs"]}
     assert list(runs) == [run.name for stage in proof.STAGES.values() for run in stage]
-    assert next(iter(runs)) == f"kit-t4-16gb-{proof.REAL}"
-    for row in runs.values():  # each run under its own tier's cap, with its batch and lengths
+    for row in list(runs.values())[1:]:  # each memory run under its own tier's cap, with its batch and lengths
         tier = load_recipe(row["tier"])
-        assert row["cap_gib"] == tier.kit.vram_gb and row["steps"] in (1, 2)
+        assert row["recipe"] == row["tier"] and row["cap_gib"] == tier.kit.vram_gb and row["steps"] in (1, 2)
         assert row["batch"] == f"{tier.grpo.per_device_train_batch_size}x{tier.grpo.gradient_accumulation_steps}"
-        assert row["completion_tokens"] == tier.grpo.max_completion_length
+        assert row["completion_tokens"] == tier.grpo.max_completion_length and row["full_length"]
         assert row["plan_gib"] < row["cap_gib"] or row["tier"] == "t4-16gb"  # the planner's no-vLLM figure fits
     assert {row["cap_gib"] for row in runs.values() if row["tier"].startswith("rtx")} == {7.7, 11.7}
     assert plan["shapes"][proof.REAL]["params"] == planner.SMOLLM2_135M.params
-    assert "stage 3 (one device call, at most 480 s): export-t4-16gb-llama-3.1-8b" in out
+    assert "stage 3 (one device call, at most 480 s; planned " in out and "s): export-t4-16gb-llama-3.1-8b" in out
     refused = subprocess.run([sys.executable, str(PROOF), "--profile", "device"], capture_output=True, text=True)
     assert refused.returncode == 2 and "--stage 1 or 2 or 3 or 4" in refused.stderr
+
+
+def test_stage_one_is_the_learning_set_up_on_the_real_weights_not_the_t4_memory_run(device_plan):
+    """The first device call must show GRPO learning: the cpu recipe's worked examples, prefill and partial-credit
+    reward on the bundled questions, as many steps as the stage allows, eval before/after, export + check-answers."""
+    out, plan = device_plan
+    first = plan["runs"][0]
+    assert [r.name for r in proof.STAGES[1]] == [first["run"]] and first["kind"] == "learn"
+    cpu, t4 = load_recipe("cpu"), load_recipe("t4-16gb")
+    assert first["arch"] == proof.REAL and first["recipe"] == "cpu" and first["cap_gib"] == t4.kit.vram_gb
+    assert first["few_shot"] == cpu.kit.few_shot > 0 and first["prefill"] == cpu.kit.prefill == "<think>\n"
+    rewards = dict(first["rewards"])
+    assert rewards["tag_progress"] > 0 and "tag_progress" not in t4.kit.reward_funcs  # partial credit: not the T4's
+    assert first["batch"] == "8x1" and first["num_generations"] == cpu.grpo.num_generations
+    assert first["completion_tokens"] == cpu.grpo.max_completion_length and not first["full_length"]
+    assert first["data"] == "sample" and first["load_in_4bit"] and first["precision"] == "bf16"  # the GPU path
+    assert first["steps"] >= cpu.grpo.max_steps  # at least what learns the format on a CPU (make demo)
+    assert first["eval_questions"] == first["check_answers"] == proof.LEARN_QUESTIONS >= 16
+    assert first["exports"] == ["lora", "merged16"]
+    assert "--check-answers 16" in out and "few_shot 3" in out
+
+
+def test_every_stage_fits_its_call_by_the_time_plan_and_the_learn_run_keeps_time_to_evaluate(device_plan):
+    _, plan = device_plan
+    assert {int(stage) for stage in plan["stage_seconds"]} == set(proof.STAGES)  # JSON keys are strings
+    for stage, seconds in plan["stage_seconds"].items():
+        assert 60 < seconds <= proof.STAGE_SECONDS, (stage, seconds)
+    learn = plan["runs"][0]
+    one = proof.plan_seconds(proof.LEARN, proof.proof_preset(proof.LEARN, proof.REAL, 1), 1)
+    per_step = proof.plan_seconds(proof.LEARN, proof.proof_preset(proof.LEARN, proof.REAL, 2), 2) - one
+    # as many steps as fit (up to the cap), and no more: one more step would not fit, or the cap is reached
+    assert learn["steps"] == proof.LEARN_MAX_STEPS or learn["plan_seconds"] + per_step > proof.STAGE_SECONDS
+    assert learn["plan_seconds"] - learn["steps"] * per_step >= proof.learn_reserve()  # eval + export planned too
+    # the 1.5B memory runs moved out of stage 1: with them it would not fit
+    measured_15b = sum(
+        row["plan_seconds"] for row in plan["runs"] if row["arch"] == "qwen2.5-1.5b" and row["tier"] == "t4-16gb"
+    )
+    assert learn["plan_seconds"] + measured_15b + proof.BUILD_SECONDS > proof.STAGE_SECONDS
+
+
+def test_the_time_plan_scales_a_step_by_the_completion_tokens_it_generates():
+    kit = proof.Run("kit", "t4-16gb", "qwen2.5-1.5b")
+    preset = proof.proof_preset(kit, "qwen2.5-1.5b", 2)
+    m = proof.H200["qwen2.5-1.5b"]
+    # the T4 recipe is the one measured: its plan is the measured wall time of the 2026-11-28 row (107.6 s), within 1 s
+    assert proof.plan_seconds(kit, preset, 2) == pytest.approx(m["outside"] + m["first"] + m["step"], abs=1e-6)
+    assert abs(proof.plan_seconds(kit, preset, 2) - 107.6) < 1.0
+    half = preset.replace(max_completion_length=128)
+    assert proof.plan_seconds(kit, preset, 3) - proof.plan_seconds(kit, half, 3) == pytest.approx(1.5 * m["step"])
 
 
 def test_dry_run_plans_every_tier_and_arch_with_its_twin_and_the_export(dry_run):
@@ -495,3 +548,35 @@ def test_resolve_follows_requirements_and_leaves_out_what_the_image_has(tmp_path
     }
     assert not any("torch" in s or "xformers" in s or "numpy" in s for level in downloads for s in level)
     assert bundle.check_versions(chosen) == []
+
+
+# ----------------------------------------------------------------------------------------------------- rehearsal
+
+
+@pytest.mark.slow
+def test_the_learn_stage_rehearsed_on_a_cpu_trains_evaluates_and_exports_verified(tmp_path):
+    """``--rehearse learn`` shortened (one step, one held-out batch of 4): every piece of stage 1 runs through the
+    device's own worker, without CUDA; a failing piece is an error row and exit 1."""
+    done = subprocess.run(
+        [sys.executable, str(PROOF), "--rehearse", "learn", "--learn-steps", "1", "--questions", "4"]
+        + ["--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    (row,) = json.loads((tmp_path / "gpu_proof.json").read_text())["rows"]
+    assert done.returncode == 0 and row["status"] == "fitted", row.get("traceback") or done.stdout[-3000:]
+    assert row["kind"] == "learn" and row["precision"] == "fp32" and not row["load_in_4bit"]  # no CUDA: float32
+    assert row["steps_done"] == row["steps_planned"] == 1 and row["seconds_per_step"] > 0
+    assert row["reward_first"] is not None and row["peak_rss_gib"] > 0.1
+    assert row["eval_n"] == 4 and 0 <= row["format_before"] <= 1 and 0 <= row["format_after"] <= 1
+    assert "few_shot=3, prefill='<think>\\n'" in row["eval_protocol"]  # the training prompt, as grpo-kit eval uses
+    low, high = row["strict_interval"]
+    assert -1 <= low <= row["strict_after"] - row["strict_before"] <= high <= 1
+    assert row["lora_effect"] > 0  # one step with varied rewards moved the LoRA
+    assert [e["format"] for e in row["exports"]] == ["lora", "merged16"]
+    assert all(e["max_abs_diff"] <= e["tolerance"] for e in row["exports"])
+    assert set(row["answers"]) == {"base + adapter", "merged16"}
+    assert all(m["n"] == 4 for m in row["answers"].values())
+    assert "format rate" in done.stdout and "export merged16: verified" in done.stdout
+    assert "| learn |" in (tmp_path / "gpu_proof.md").read_text()

@@ -233,7 +233,8 @@ def test_seed_grpo_scales_the_rewards_unsloths_trainer_learns_from(unsloth_loade
     )
     result = train(recipe, data="sample", output_dir=tmp_path / "run")
     (row,) = read_metrics(result.metrics_path)
-    assert row["semantic_entropy"] == 1.0 and row["reward/ones"] == pytest.approx(0.5) == row["reward"]
+    assert row["semantic_entropy"] == 1.0 and row["reward/ones"] == 1.0 == row["reward"]  # what the reward gave
+    assert row["reward/seed_grpo/ones"] == pytest.approx(0.5) == row["seed_grpo/reward"]  # what trained
 
 
 def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(
@@ -245,6 +246,8 @@ def test_a_colocated_vllm_that_cannot_be_imported_trains_without_it(
     from grpo_kit.train import train
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    # a T4 to the device check (on a CPU it refuses vLLM before anything is imported)
+    monkeypatch.setattr(models, "detect_device", lambda: models.DeviceInfo("cuda", "Tesla T4", 14.7, False))
     recipe = load_recipe("t4-16gb", model_name_or_path=str(tiny_model_dir), **{**T4_ON_A_CPU, "use_vllm": True})
     keep = KeepArgs()
     result = train(recipe, data="sample", output_dir=tmp_path / "run", callbacks=(keep,))

@@ -178,8 +178,9 @@ def test_resume_of_a_folder_that_does_not_exist_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_extending_a_finished_run_continues_the_schedule_for_the_new_max_steps(tiny_model_dir, tmp_path):
-    """README, resume: an extended run's learning rates are those of a run planned for the new max_steps from the
-    start (linear decay from 5e-4, the cpu recipe's): 2 steps, then to 3, then to 6; no added step trains at rate 0."""
+    """TROUBLESHOOTING section 1: an extended run's learning rates are those of a run planned for the new max_steps
+    from the start (linear decay from 5e-4, the cpu recipe's): 2 steps, then to 3, then to 6; no added step trains at
+    rate 0."""
     run_dir = tmp_path / "run"
     argv = ["train", *TINY, "--set", f"model_name_or_path={tiny_model_dir}", "--output", str(run_dir)]
     for max_steps, resume in ((2, []), (3, ["--resume"]), (6, ["--resume"])):

@@ -4,15 +4,24 @@ runtime (Linux x86_64, CPython 3.12 and 3.13, glibc 2.35).
 pip resolves for that target platform without installing anything (``--dry-run --only-binary=:all:``), given the
 platform tags pip itself would use on glibc 2.35 (``PLATFORMS``; ``test_platforms_are_the_ones_pip_uses`` derives
 them from pip's own tag code). It runs on any machine with PyPI access and is skipped when PyPI cannot be reached.
-Each resolve takes about two minutes (pip reads the metadata of ~230 wheels).
+
+One resolution per distinct package set, four in all (``RESOLUTIONS``): the file itself on CPython 3.12 and on 3.13
+(pip resolves for one Python version at a time, and wheels differ by version), and the two other plans the install
+can choose (CUDA 12: no vLLM, xformers pinned; torch 2.13: vLLM 0.31), whose pins differ from the file's. pip reads
+the metadata of ~230 wheels for each; ``--use-feature=fast-deps`` reads it with HTTP range requests instead of
+downloading the wheels (the CUDA ones are GBs; it resolves the same set), and the four start together in the
+background when the session begins (``prefetch``, called by tests/conftest.py), so their network waits overlap the
+other tests.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -58,23 +67,59 @@ def _clean_pip_env() -> dict[str, str]:
     return env
 
 
-def _resolve(requirements: list[str], report: Path, python: str = "3.12") -> dict[str, str]:
-    """``{project: version}`` pip would install for Colab's platform, or an assertion with pip's error."""
+def _plan(torch: str, cuda: str) -> list[str]:
+    """The requirement lines the Colab install picks for a runtime with this torch and CUDA line."""
+    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
+
+    plan = plan_install(Runtime(torch=torch, cuda=cuda, capability=(8, 0)), read_requirements(REQUIREMENTS), "repo")
+    return list(plan.commands[0][5:])  # after `python -m pip install -q`
+
+
+#: ``{name: (requirement arguments, Python version)}``: each distinct package set the Colab install can ask pip for.
+RESOLUTIONS = {
+    "file-3.12": (lambda: ["-r", str(REQUIREMENTS)], "3.12"),  # GPU hosts other than Colab
+    "file-3.13": (lambda: ["-r", str(REQUIREMENTS)], "3.13"),  # Colab moved to 3.13 in 2026
+    "cuda12-no-vllm": (lambda: _plan("2.11.0", "12.6"), "3.12"),
+    "torch2.13-vllm0.31": (lambda: _plan("2.13.0", "13.0"), "3.12"),
+}
+_RUNNING: dict[str, tuple[list[str], Path, subprocess.Popen]] = {}
+
+
+def _start(name: str) -> None:
+    requirements, python = RESOLUTIONS[name][0](), RESOLUTIONS[name][1]
+    report = Path(tempfile.mkdtemp(prefix=f"pip-{name}-")) / "report.json"
     command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--only-binary=:all:"]
     command += [arg for platform in PLATFORMS for arg in ("--platform", platform)]
     command += ["--python-version", python, "--implementation", "cp", "--quiet", "--report", str(report)]
-    command += requirements
-    result = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_clean_pip_env())
-    assert result.returncode == 0, f"{requirements} does not resolve:\n{result.stderr[-4000:]}"
+    command += ["--use-feature=fast-deps", *requirements]
+    pip = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=_clean_pip_env())
+    atexit.register(pip.kill)  # a session that ends first (-x) leaves no pip behind
+    _RUNNING[name] = (requirements, report, pip)
+
+
+def prefetch() -> None:
+    """Start every resolution in the background, once (tests/conftest.py calls it when this module's tests run)."""
+    if not _RUNNING and _pypi_reachable():
+        for name in RESOLUTIONS:
+            _start(name)
+
+
+def _resolve(name: str) -> dict[str, str]:
+    """``{project: version}`` pip would install for Colab's platform, or an assertion with pip's error."""
+    if not _pypi_reachable():
+        pytest.skip(f"PyPI ({INDEX}) is not reachable")
+    if name not in _RUNNING:
+        _start(name)
+    requirements, report, pip = _RUNNING[name]
+    _, stderr = pip.communicate(timeout=900)
+    assert pip.returncode == 0, f"{requirements} does not resolve:\n{stderr[-4000:]}"
     install = json.loads(report.read_text())["install"]
     return {item["metadata"]["name"].lower().replace("_", "-"): item["metadata"]["version"] for item in install}
 
 
-@pytest.fixture(scope="module", params=["3.12", "3.13"])  # Colab moved to 3.13 in 2026; 3.12 for other GPU hosts
-def resolved(request, tmp_path_factory) -> dict[str, str]:
-    if not _pypi_reachable():
-        pytest.skip(f"PyPI ({INDEX}) is not reachable")
-    return _resolve(["-r", str(REQUIREMENTS)], tmp_path_factory.mktemp("pip") / "report.json", request.param)
+@pytest.fixture(scope="module", params=["3.12", "3.13"])
+def resolved(request) -> dict[str, str]:
+    return _resolve(f"file-{request.param}")
 
 
 @pytest.mark.network
@@ -119,21 +164,16 @@ def test_platforms_are_the_ones_pip_uses(monkeypatch):
 
 @pytest.mark.network
 @pytest.mark.parametrize(
-    ("torch", "cuda", "vllm"),
-    [("2.11.0", "12.6", None), ("2.13.0", "13.0", "0.31.0")],
+    ("name", "torch", "vllm"),
+    [("cuda12-no-vllm", "2.11.0", None), ("torch2.13-vllm0.31", "2.13.0", "0.31.0")],
     ids=["cuda12-no-vllm", "torch2.13-vllm0.31"],
 )
-def test_each_colab_plan_resolves(tmp_path, torch, cuda, vllm):
+def test_each_colab_plan_resolves(name, torch, vllm):
     """The plans for the other runtimes (the file itself is the torch 2.11 + CUDA 13 one) resolve as well."""
-    from grpo_kit.colab_install import Runtime, plan_install, read_requirements
-
-    if not _pypi_reachable():
-        pytest.skip(f"PyPI ({INDEX}) is not reachable")
-    plan = plan_install(Runtime(torch=torch, cuda=cuda, capability=(8, 0)), read_requirements(REQUIREMENTS), "repo")
-    chosen = list(plan.commands[0][5:])  # after `python -m pip install -q`
+    chosen = RESOLUTIONS[name][0]()
     assert (f"vllm=={vllm}" in chosen) if vllm else not any(line.startswith("vllm") for line in chosen)
-    found = _resolve(chosen, tmp_path / "report.json")
+    found = _resolve(name)
     assert found["torch"] == torch and found.get("vllm") == vllm
     pins = _file_pins()
-    for name in ("unsloth", "trl", "transformers", "peft", "bitsandbytes"):
-        assert found[name] == pins[name]
+    for project in ("unsloth", "trl", "transformers", "peft", "bitsandbytes"):
+        assert found[project] == pins[project]

@@ -486,7 +486,8 @@ def test_seed_grpo_scales_each_groups_advantages_by_its_semantic_entropy():
 
     recipe = load_recipe("cpu-answers", seed_grpo_alpha=2.0, scale_rewards="none")
     funcs = seed_grpo(reward_functions(recipe.reward_funcs), recipe)
-    assert [fn.__name__ for fn in funcs] == recipe.kit.reward_funcs  # the names TRL logs
+    # the names TRL logs: the scaled score of a trained reward under its own name, a metric's as it is
+    assert [fn.__name__ for fn in funcs] == ["seed_grpo/correctness", *recipe.kit.reward_funcs[1:]]
     texts, golds = [answer(a) for a in ("7", "7", "8", "9", "7", "7", "7", "7")], ["7"] * 8
     prompts = ["q1"] * 4 + ["q2"] * 4
     plain = torch.tensor(REWARDS["correctness"](texts, answer=golds)).view(2, 4)  # [[2, 2, 0, 0], [2, 2, 2, 2]]

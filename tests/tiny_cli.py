@@ -34,7 +34,7 @@ def recorded_values(**settings) -> dict:
 
 def varied(completions, **kwargs) -> list[float]:
     """A reward that scores any two different completions differently (from a hash of the text), so a tiny run's
-    groups always differ and its LoRA moves: a run with no reward signal fails (``runs.learned_nothing``)."""
+    groups always differ and its LoRA moves: a run with no reward signal fails (``doctor.learned_nothing``)."""
     from grpo_kit.rewards import completion_text
 
     return [zlib.crc32(completion_text(c).encode()) / 2**32 for c in completions]

@@ -1,7 +1,7 @@
 """PyPI's CPU build of vLLM under TRL's colocated engine: what a CPU needs that no GPU does, in this one place, used by
 ``pytest -m real_vllm`` (tests/conftest.py, tests/test_real_vllm.py) and benchmarks/bench_vllm_cpu.py. The kit's own
 commands never import it: the kit refuses vLLM on a CPU, where the engine's start costs more than it saves over a CPU
-recipe's few steps (README, benchmarks/bench_vllm_cpu.py).
+recipe's few steps (docs/RESULTS.md, benchmarks/bench_vllm_cpu.py).
 """
 
 from __future__ import annotations
