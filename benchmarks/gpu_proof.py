@@ -847,8 +847,9 @@ def _learn(run: Run, preset, spec: dict) -> dict:
     """The learn run, as ``make demo`` types it but in one process: ``grpo-kit train --data sample`` (stopped early
     when the next step would leave less than ``learn_reserve()`` before the run's deadline), ``grpo-kit eval --compare``
     on ``spec["questions"]`` held-out questions, ``grpo-kit export --format lora,merged16 --check-answers N``."""
+    from grpo_kit import runs
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate_before_after, paired_difference, run_settings
+    from grpo_kit.evaluate import evaluate_before_after, paired_difference
     from grpo_kit.export import lora_effect
     from grpo_kit.train import train
 
@@ -871,7 +872,8 @@ def _learn(run: Run, preset, spec: dict) -> dict:
 
     # --- grpo-kit eval --compare: the same held-out questions, base (adapter disabled) then base + adapter
     started = time.time()
-    base_model, prompt = run_settings(None, result.adapter_dir)  # the training prompt, from the run's run.json
+    trained = runs.Run.of(result.adapter_dir)
+    base_model, prompt = trained.base_model, trained.prompt  # the training prompt, from the run's run.json
     questions = load_gsm8k("sample", split="test", limit=spec["questions"])
     length = preset.grpo.max_completion_length  # make demo's --max-new-tokens 48, as in training
     before, after = evaluate_before_after(

@@ -20,19 +20,6 @@ def adapter_config(adapter_dir: str | os.PathLike):
     return PeftConfig.from_pretrained(str(adapter_dir))
 
 
-def trained_base(adapter_dir: Path, recipe: dict) -> str:
-    """The model the adapter was trained on: its run's recipe ``model_name_or_path``, else the adapter's config."""
-    if model := recipe.get("model_name_or_path"):
-        return str(model)
-    recorded = adapter_config(adapter_dir).base_model_name_or_path
-    if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
-        return recorded
-    raise GrpoKitError(
-        f"The adapter's base model '{recorded}' is not on this machine and no run.json names it. Pass "
-        "--model (the model the adapter was trained on, e.g. embedded or Qwen/Qwen2.5-1.5B-Instruct)."
-    )
-
-
 def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
     """Why the LoRA adapter in ``adapter_dir`` cannot be used, or None when it is sound: no ``adapter_config.json``,
     a weights file that is missing or does not load (safetensors refuses a file whose size does not match its

@@ -21,9 +21,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerState
 
-from grpo_kit.adapters import adapter_problem
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import dumps_finite, set_aside
 from grpo_kit.rewards import METRICS, completion_text
 from grpo_kit.runs import checkpoints, latest_checkpoint
 
@@ -273,27 +271,36 @@ class ScheduleToMaxSteps(TrainerCallback):
 
 
 class MetricsLogger(TrainerCallback):
-    """Append each training log as one JSON line to ``path`` (``metrics.jsonl``; the plots and resume read it), each
-    ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one meaning of "total reward" in the kit: TRL's
-    weighted sum of the rewards, averaged over the batch; under SEED-GRPO the sum of what they gave, the scaled sum
-    that trains being ``seed_grpo/reward``."""
+    """The run's record (``runs.Run``): its ``run.json`` as training begins, and its history, the Trainer's
+    ``log_history`` (restored with a checkpoint: what a killed run logged after it is gone), as ``metrics.jsonl`` after
+    each log (the plots and resume read it), each ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one
+    meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch; under SEED-GRPO
+    the sum of what they gave, the scaled sum that trains being ``seed_grpo/reward``."""
 
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
+    def __init__(self, run):
+        self.run = run
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            self.run.record()
+            self.on_log(args, state, control)  # a resumed run's history as far as its checkpoint
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or not state.is_world_process_zero or "train_runtime" in logs:
+        if not state.is_world_process_zero:
             return
-        row = {"step": state.global_step}
-        for key, value in logs.items():
-            if key.startswith("rewards/") and key.endswith("/mean"):
-                name = key[8:-5]
-                key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
-            row[key] = value
-        if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
-            row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(dumps_finite(row) + "\n")  # NaN/inf become null: metrics.jsonl stays valid JSON
+        rows = []
+        for logged in state.log_history:
+            if "train_runtime" not in logged:  # the Trainer's closing summary is no step
+                row = {"step": logged["step"]}  # first, as the Trainer adds it last
+                for key, value in logged.items():
+                    if key.startswith("rewards/") and key.endswith("/mean"):
+                        name = key[8:-5]
+                        key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
+                    row[key] = value
+                if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
+                    row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
+                rows.append(row)
+        self.run.write_history(rows)
 
 
 def _excerpt(text: str, length: int = 80) -> str:
@@ -304,21 +311,3 @@ def _excerpt(text: str, length: int = 80) -> str:
     """
     flat = text.replace("\n", "⏎")
     return flat if len(flat) <= length + 2 else flat[:length] + " …"
-
-
-def check_saved_adapter(adapter_dir: Path, run_dir: Path, step: int) -> None:
-    """A run is done only when its adapter is sound (``adapters.adapter_problem``): a broken one is set aside (as
-    ``damaged-adapter.old-*``, like a damaged checkpoint) and reported.
-
-    The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
-    broke the weights (an inf learning rate does exactly that).
-    """
-    if problem := adapter_problem(adapter_dir):
-        aside = set_aside(adapter_dir, prefix="damaged-")
-        raise numerics_error(
-            step,
-            "the final adapter",
-            "unusable",
-            run_dir,
-            detail=f" ({problem}) The broken adapter was moved to {aside}.",
-        )

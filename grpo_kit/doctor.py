@@ -185,10 +185,10 @@ def cli_doctor(args) -> int:
     still training) and its checkpoints."""
     from grpo_kit import runs
     from grpo_kit.errors import GrpoKitError
-    from grpo_kit.files import read_metrics
 
-    run_dir = Path(args.run)
-    history = [row for row in read_metrics(run_dir / "metrics.jsonl") if "reward" in row]
+    run = runs.Run(args.run)
+    run_dir = run.dir
+    history = [row for row in run.history if "reward" in row]
     if not history:
         raise GrpoKitError(f"{run_dir}/metrics.jsonl has no logged step: give the folder of a grpo-kit train run.")
     first, last = runs.reward_first_last(history)
@@ -204,7 +204,7 @@ def cli_doctor(args) -> int:
     saved = [folder.name for _, folder in runs.checkpoints(run_dir)]
     resume = runs.latest_checkpoint(run_dir) if saved else None
     print(f"checkpoints: {', '.join(saved) or 'none'}; --resume continues from {resume.name if resume else 'step 0'}")
-    beta = (runs.read_run_info(run_dir).get("recipe") or {}).get("beta", 0)
+    beta = (run.info.get("recipe") or {}).get("beta", 0)
     findings = diagnose(history, beta=beta)
     for found in findings:
         print(f"{found['level']} at step {found['step']}: {found['message']}")

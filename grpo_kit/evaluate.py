@@ -413,36 +413,13 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
 # ------------------------------------------------------------------------------------------------ chat and the CLI
 
 
-#: The prompt a model was trained with, in each export folder (``write_prompt``): where ``eval --model``, ``chat
-#: --model`` and a user's own code (the model card says how) find it.
-PROMPT_FILE = "prompt.json"
+def _base_and_prompt(model: str | None, adapter: str | None) -> tuple[str, dict[str, Any]]:
+    """``(base model, prompt settings)`` for ``eval`` and ``chat``: ``model``, else the base the adapter's run recorded,
+    else embedded; and the prompt it trained with (``runs.Run.prompt``: its run's, or an export's ``prompt.json``)."""
+    from grpo_kit.runs import PLAIN_PROMPT, Run
 
-
-def run_settings(model: str | None, adapter: str | os.PathLike | None) -> tuple[str, dict[str, Any]]:
-    """``(base model, prompt settings)`` for ``adapter``: ``model``, else the base its run recorded (``run.json``,
-    else ``adapter_config.json``), else embedded; and the ``few_shot``/``prefill``/``system_prompt`` it trained with:
-    its run's recipe, else the ``prompt.json`` of an exported adapter or model folder."""
-    from grpo_kit.adapters import trained_base
-    from grpo_kit.runs import read_run_info
-
-    recipe = read_run_info(Path(adapter).resolve().parent).get("recipe") or {} if adapter else {}
-    if adapter and not model and (Path(adapter) / "adapter_config.json").is_file():
-        model = trained_base(Path(adapter), recipe)
-    exported = next((Path(folder) / PROMPT_FILE for folder in (adapter, model) if folder), None)
-    if not recipe and exported and exported.is_file():
-        recipe = json.loads(exported.read_text(encoding="utf-8"))
-    settings = {"few_shot": 0, "prefill": "", "system_prompt": None}
-    return model or "embedded", {key: recipe.get(key, default) for key, default in settings.items()}
-
-
-def write_prompt(folder: Path, settings: dict[str, Any]) -> None:
-    """``folder/prompt.json``: the training prompt's settings (``run_settings``), and for any other code the chat
-    messages that come before the question (system prompt, worked examples) and the text the reply starts with."""
-    from grpo_kit.data import build_messages
-
-    messages = build_messages("", system_prompt=settings["system_prompt"], few_shot=settings["few_shot"])[:-1]
-    record = {**settings, "messages_before_question": messages, "reply_starts_with": settings["prefill"]}
-    (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    run = Run.of(adapter or model or "embedded")
+    return model or run.base_model or "embedded", run.prompt or PLAIN_PROMPT
 
 
 def ask(
@@ -501,7 +478,7 @@ def cli_chat(args) -> int:
             f"--temperature must be a number above 0, such as 0.7 (got {args.temperature}); leave it out for greedy."
         )
     set_torch_threads()
-    base, settings = run_settings(args.model, args.adapter)
+    base, settings = _base_and_prompt(args.model, args.adapter)
     model, tokenizer = load_inference_model(base, args.adapter)
     ask(model, tokenizer, question, max_new_tokens=args.max_new_tokens, temperature=args.temperature, **settings)
     print()
@@ -537,7 +514,7 @@ def cli_eval(args) -> int:
             check_out(path)
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
-    base, settings = run_settings(args.model, args.adapter)
+    base, settings = _base_and_prompt(args.model, args.adapter)
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, **settings)
     print(
         f"evaluating {base}{' + ' + args.adapter if args.adapter else ''} on {len(dataset)} questions "

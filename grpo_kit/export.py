@@ -35,9 +35,8 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from safetensors import safe_open
 
 from grpo_kit import files, gguf_files, models, runs
-from grpo_kit.adapters import adapter_config, check_adapter, trained_base
+from grpo_kit.adapters import adapter_config, check_adapter
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import PROMPT_FILE, run_settings, write_prompt
 from grpo_kit.files import dumps_finite
 
 FORMATS = ("lora", "merged16", "gguf")
@@ -70,13 +69,6 @@ class ExportResult:
             f"{self.format:<8} {self.path}  verified: max |d| {self.max_abs_diff:.2e} <= {self.tolerance:.2e} "
             f"({self.detail}; LoRA effect {self.lora_effect:.2e})"
         )
-
-
-def default_name(adapter_dir: Path) -> str:
-    """``runs/x/adapter`` -> ``x``; ``runs/x/checkpoint-40`` -> ``x-checkpoint-40``; else the folder's name."""
-    folder = adapter_dir.resolve()
-    name = folder.parent.name if folder.name == "adapter" else folder.name
-    return f"{folder.parent.name}-{name}" if runs.checkpoint_step(folder) is not None else name
 
 
 # --------------------------------------------------------------------------------------------- the checks
@@ -328,24 +320,6 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
 # --------------------------------------------------------------------------------------------- what an export records
 
 
-def read_evals(adapter_dir: Path) -> dict[str, dict] | None:
-    """Eval metrics for the model card, ``{name: metrics}``: the run's ``eval/<name>.json`` (``EvalResult.save``)."""
-    saved = sorted(adapter_dir.resolve().parent.glob("eval/*.json"))
-    return {path.stem: json.loads(path.read_text(encoding="utf-8")) for path in saved} or None
-
-
-def training_steps(adapter_dir: Path) -> int | None:
-    """Optimizer steps behind the adapter: a checkpoint's ``trainer_state.json``, else the run's last metrics step."""
-    from transformers import TrainerState
-
-    from grpo_kit.files import read_metrics
-
-    if (state := adapter_dir / "trainer_state.json").is_file():
-        return TrainerState.load_from_json(str(state)).global_step
-    rows = read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
-    return max((row["step"] for row in rows if isinstance(row.get("step"), int)), default=None)
-
-
 def model_card(info: Mapping[str, Any]) -> str:
     """The export's README.md, from what export.json records: training, evaluation, verification, how to load."""
     run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
@@ -385,14 +359,14 @@ def model_card(info: Mapping[str, Any]) -> str:
         if info["evals"]
         else ["", "## Evaluation", "", "No evaluation attached."]
     )
-    for name, m in (info["evals"] or {}).items():
+    for name, m in info["evals"].items():
         cells = [
             "?" if m.get(k) is None else f"{100 * m[k]:.1f} %"
             for k in ("accuracy_strict", "accuracy_lenient", "format_rate")
         ]
         tokens = "?" if m.get("mean_completion_tokens") is None else f"{m['mean_completion_tokens']:.1f}"
         lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
-    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in (info["evals"] or {}).values() if m.get("protocol")))
+    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in info["evals"].values() if m.get("protocol")))
     if protocols:
         lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
     lines += [
@@ -453,12 +427,12 @@ def model_card(info: Mapping[str, Any]) -> str:
         lines += [
             f"As in training: the system prompt and {prompt['few_shot']} worked example(s) before the question, "
             f"and the reply started with {prompt['prefill']!r}. `grpo-kit eval --model` and `grpo-kit chat "
-            f"--model` read them from `{PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
+            f"--model` read them from `{runs.PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
             "",
             "```python",
             "import json",
             "",
-            f'prompt = json.load(open("merged16/{PROMPT_FILE}"))',
+            f'prompt = json.load(open("merged16/{runs.PROMPT_FILE}"))',
             'messages = prompt["messages_before_question"] + [{"role": "user", "content": question}]',
             "text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)",
             'text += prompt["reply_starts_with"]  # the model goes on from there',
@@ -547,21 +521,18 @@ def export(
     """Export ``adapter_dir`` in each of ``formats`` to ``<out_dir>/<name>/``, each verified (module docstring).
 
     ``gguf_type``: one type or several (``"q4_k_m,q8_0"``); ``push_to_hub="user/repo"`` uploads the verified folder;
-    the run's evaluations (``read_evals``) go into the model card. ``answers=N``: merged16's answers are also compared
-    with base + adapter's on N bundled questions (``verify_answers``; it loads both models, one after the other), into
-    export.json and the model card. Returns one ``ExportResult`` per folder or file written (``str(result)`` is a
-    one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
+    the run's evaluations (``runs.Run.evaluations``) go into the model card. ``answers=N``: merged16's answers are
+    also compared with base + adapter's on N bundled questions (``verify_answers``; it loads both models, one after the
+    other), into export.json and the model card. Returns one ``ExportResult`` per folder or file written
+    (``str(result)`` is a one-line summary); ``print_fn`` (e.g. ``print``) gets those lines and any notes.
     """
     from grpo_kit import doctor  # transformers: after Unsloth
 
     adapter_dir = Path(adapter_dir)
     check_adapter(adapter_dir, use=f"export {adapter_dir}")  # a torn or NaN adapter never reaches "verified"
-    steps = training_steps(adapter_dir)  # the run's log up to this adapter: a checkpoint before a collapse is fine
-    logged = [
-        row
-        for row in files.read_metrics(adapter_dir.resolve().parent / "metrics.jsonl")
-        if row.get("step", 0) <= (steps or 0)
-    ]
+    run = runs.Run.of(adapter_dir)
+    steps = run.steps  # the run's log up to this adapter: a checkpoint before a collapse is fine
+    logged = [row for row in run.history if row.get("step", 0) <= (steps or 0)]
     if problem := doctor.collapse(logged):  # small finite weights pass every weight check: the log shows the damage
         raise GrpoKitError(
             f"Cannot export {adapter_dir}: its run collapsed ({problem}), so the model no longer answers. Export an "
@@ -576,14 +547,12 @@ def export(
         )
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or default_name(adapter_dir)).strip(".-") or "export"
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or run.name).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
-    evals, run = read_evals(adapter_dir), runs.read_run_info(adapter_dir.resolve().parent)
-    recipe = run.get("recipe") or {}
-    # The prompt it trained with (its run's recipe, or the prompt.json of an exported adapter), for each folder.
-    prompt = run_settings(None, adapter_dir)[1] if recipe or (adapter_dir / PROMPT_FILE).is_file() else None
-    trained_on = base_model or trained_base(adapter_dir, recipe)
+    recipe = run.info.get("recipe") or {}
+    prompt = run.prompt  # the prompt it trained with (its run's recipe, or an exported adapter's), for each folder
+    trained_on = base_model or run.base_model
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
@@ -612,8 +581,7 @@ def export(
                     shutil.copy2(item, staging / "lora" / item.name)
                 tokenizer.save_pretrained(staging / "lora")
                 results.append(dataclasses.replace(check_lora(staging / "lora", adapter_dir), lora_effect=effect))
-                if prompt:
-                    write_prompt(staging / "lora", prompt)
+                run.write_prompt(staging / "lora")
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
@@ -641,8 +609,7 @@ def export(
                 else:
                     _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16")
                 results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
-                if prompt:
-                    write_prompt(staging / "merged16", prompt)
+                run.write_prompt(staging / "merged16")
             answered = None
             if answers and prompt and "merged16" in wanted:
                 length = int(recipe.get("max_completion_length") or 256)
@@ -656,9 +623,9 @@ def export(
                 "base_model_hub": None if os.path.isabs(base_path) else merge_base,  # a folder: no Hub id
                 "lora_base": adapter_config(adapter_dir).base_model_name_or_path,
                 "folder": str(target),
-                "run": run or None,
+                "run": run.info or None,
                 "steps": steps,
-                "evals": evals,
+                "evals": run.evaluations,
                 "doctor": [
                     f"step {f['step']}: {f['message']}" for f in doctor.diagnose(logged) if f["level"] == "warning"
                 ],

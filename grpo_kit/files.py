@@ -1,7 +1,7 @@
 """Files written in one piece, for every writer in the kit: a text file through a temporary sibling, a folder
 through a staging folder renamed into place (a rename within one folder is atomic), so a crash leaves the old target
-whole and at most a staging folder behind. Nothing is deleted to make room: it is set aside. Also the run's
-``metrics.jsonl`` (one JSON line per log) and JSON that stays JSON (NaN written as null).
+whole and at most a staging folder behind. Nothing is deleted to make room: it is set aside. Also JSON that stays JSON
+(NaN written as null).
 """
 
 from __future__ import annotations
@@ -124,25 +124,6 @@ def check_writable(out_dir: Path, *, what: str, option: str) -> None:
             f"Cannot write {what} into {out_dir}: {error.strerror or error}. Nothing was written; free disk space "
             f"there, or choose another {option}, a folder you can write to."
         ) from None
-
-
-# --------------------------------------------------------------------------------------------- metrics.jsonl
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
-    rows = []
-    with contextlib.suppress(FileNotFoundError):
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                rows.append(json.loads(line))
-    return rows
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop rows logged after ``last_step`` (a resumed run logs them again)."""
-    rows = [row for row in read_metrics(path) if row.get("step", 0) <= last_step]
-    atomic_write_text(path, "".join(dumps_finite(row) + "\n" for row in rows))
 
 
 def dumps_finite(value: Any, **kwargs) -> str:

@@ -12,7 +12,7 @@ from grpo_kit.errors import GrpoKitError
 def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = None, *, show: bool = False) -> Path:
     """Reward, completion-length and zero-variance curves of a run's ``metrics.jsonl``, saved as a PNG (default
     ``<run>/plots/rewards.png``) and shown in a notebook when ``show``."""
-    from grpo_kit.files import read_metrics
+    from grpo_kit.runs import read_metrics
 
     metrics = Path(metrics)
     rows = read_metrics(metrics)

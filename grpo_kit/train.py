@@ -11,6 +11,7 @@ and reward wrappers, ``metrics.jsonl`` and the numeric and reward guards (``call
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -63,7 +64,6 @@ class TrainResult:
         )
 
 
-@runs.releases_run_locks()
 def train(
     recipe,
     *,
@@ -90,13 +90,11 @@ def train(
         NumericsGuard,
         ScheduleToMaxSteps,
         check_rewards,
-        check_saved_adapter,
         guard_numerics,
         guard_rewards,
     )
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
     from grpo_kit.doctor import Doctor
-    from grpo_kit.files import truncate_metrics
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions, seed_grpo
 
@@ -135,52 +133,36 @@ def train(
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
     # a resume must be the run its run.json records; a folder that holds no run is refused untouched
-    checkpoint = runs.prepare_run_dir(run_dir, resume, is_main=is_main, recipe=recipe, data=source)
-    resumed_from = runs.checkpoint_step(checkpoint) if checkpoint else None
-    PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
-    if resumed_from is not None and resumed_from >= config.max_steps:
-        adapter = runs.restore_final_adapter(run_dir, checkpoint, is_main)  # the Trainer would run one step more
-        return _result(run_dir, adapter, resumed_from, 0.0, already_finished=True)
+    with contextlib.closing(runs.Run.open(run_dir, recipe=recipe, data=source, resume=resume, is_main=is_main)) as run:
+        PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
+        if run.finished:  # the Trainer would run one step more
+            return _result(run, run.restore_adapter(is_main), run.resumed_from, 0.0, already_finished=True)
 
-    # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
-    policy, tokenizer = models.load_model(recipe)
+        # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
+        policy, tokenizer = models.load_model(recipe)
 
-    # --- Record the run (run.json; metrics after a resumed checkpoint are cut, they will be logged again)
-    metrics_path = run_dir / "metrics.jsonl"
-    if is_main:
-        if resumed_from is not None:
-            truncate_metrics(metrics_path, resumed_from)
-        runs.write_run_info(run_dir, recipe, data=label, resumed_from=resumed_from)
-
-    # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks log and guard
-    trainer = trl.GRPOTrainer(
-        model=policy,
-        reward_funcs=guard_rewards(funcs, run_dir),
-        args=config,
-        train_dataset=train_set,
-        processing_class=tokenizer,
-        callbacks=[
-            MetricsLogger(metrics_path),
-            NumericsGuard(run_dir),
-            ScheduleToMaxSteps(),
-            Doctor(run_dir),
-            *callbacks,
-        ],
-    )
-    start = time.time()
-    try:
-        with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
-            trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        seconds = time.time() - start
-        # --- Save: the adapter is written atomically and must be finite before the run counts as done
-        adapter_dir = runs.save_adapter(trainer, tokenizer, run_dir)
-    except Exception as error:  # a full disk: one line, what is intact and how to go on
-        if full := runs.disk_full(error, run_dir, trainer.state.global_step):
-            raise full from None
-        raise
-    if is_main:
-        check_saved_adapter(adapter_dir, run_dir, trainer.state.global_step)
-    return _result(run_dir, adapter_dir, trainer.state.global_step, seconds)
+        # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks record the run (run.json
+        # as training begins, metrics.jsonl: what a resumed checkpoint logged after its step is cut) and guard it
+        trainer = trl.GRPOTrainer(
+            model=policy,
+            reward_funcs=guard_rewards(funcs, run_dir),
+            args=config,
+            train_dataset=train_set,
+            processing_class=tokenizer,
+            callbacks=[MetricsLogger(run), NumericsGuard(run_dir), ScheduleToMaxSteps(), Doctor(run_dir), *callbacks],
+        )
+        start = time.time()
+        try:
+            with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
+                trainer.train(resume_from_checkpoint=run.checkpoint)
+            seconds = time.time() - start
+            # --- Save: the adapter is written atomically and must be finite before the run counts as done
+            adapter_dir = run.save_adapter(trainer)
+        except Exception as error:  # a full disk: one line, what is intact and how to go on
+            if full := runs.disk_full(error, run_dir, trainer.state.global_step):
+                raise full from None
+            raise
+    return _result(run, adapter_dir, trainer.state.global_step, seconds)
 
 
 def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
@@ -194,26 +176,22 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
     return Path(output_dir or recorded or Path("runs") / f"{recipe.name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def _result(
-    run_dir: Path, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False
-) -> TrainResult:
+def _result(run, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False) -> TrainResult:
     from grpo_kit.doctor import diagnose
-    from grpo_kit.files import read_metrics
 
-    metrics_path = run_dir / "metrics.jsonl"
-    history = read_metrics(metrics_path)
+    history = run.history
     first, last = runs.reward_first_last(history)
     return TrainResult(
-        run_dir=run_dir,
+        run_dir=run.dir,
         adapter_dir=adapter_dir,
-        metrics_path=metrics_path,
+        metrics_path=run.metrics_path,
         steps=steps,
         seconds=seconds,
         reward_first=first,
         reward_last=last,
         history=history,
         already_finished=already_finished,
-        findings=diagnose(history, beta=(runs.read_run_info(run_dir).get("recipe") or {}).get("beta", 0)),
+        findings=diagnose(history, beta=(run.info.get("recipe") or {}).get("beta", 0)),
     )
 
 
@@ -231,7 +209,7 @@ def cli_train(args) -> int:
         raise GrpoKitError("--resume continues a run: name its folder, --output RUN (e.g. runs/cpu-20261201-101500).")
     if "output_dir" in changes:
         raise GrpoKitError("The run folder is --output DIR (not --set output_dir=DIR).")
-    info = runs.read_run_info(args.output) if args.resume else {}
+    info = runs.Run(args.output).info if args.resume else {}
     recorded = info.get("recipe") or {}
     changes = {**{k: recorded[k] for k in runs.RESUMABLE if k in recorded}, **changes}  # as recorded unless --set
     if recorded and args.preset is None:  # a resumed run goes on with the recipe and data it started with (run.json)

@@ -7,8 +7,9 @@ import json
 import pytest
 
 from grpo_kit.cli import main
-from grpo_kit.evaluate import ask, build_prompts, generate, run_settings
+from grpo_kit.evaluate import _base_and_prompt, ask, build_prompts, generate
 from grpo_kit.models import load_inference_model
+from grpo_kit.runs import Run
 
 
 @pytest.fixture
@@ -23,7 +24,7 @@ def run_adapter(tmp_path, tiny_model_dir, make_adapter):
 
 
 def test_chat_answers_with_the_adapter_and_the_runs_prompt(run_adapter, tiny_model_dir, capsys):
-    base, settings = run_settings(None, run_adapter)
+    base, settings = Run.of(run_adapter).base_model, Run.of(run_adapter).prompt
     assert (base, settings) == (str(tiny_model_dir), {"few_shot": 1, "prefill": "<think>\n", "system_prompt": None})
     model, tokenizer = load_inference_model(base, run_adapter)
     reply = ask(model, tokenizer, "What is 2 + 3?", max_new_tokens=6, **settings)
@@ -47,8 +48,10 @@ def test_chat_cli_without_a_question_names_the_usage(capsys):
 
 def test_without_a_run_record_the_base_comes_from_the_adapter(tmp_path, tiny_model_dir, make_adapter):
     adapter = make_adapter(tiny_model_dir, tmp_path / "adapter")
-    assert run_settings(None, adapter) == (str(tiny_model_dir), {"few_shot": 0, "prefill": "", "system_prompt": None})
-    assert run_settings("other", adapter)[0] == "other" and run_settings(None, None)[0] == "embedded"
+    assert Run.of(adapter).base_model == str(tiny_model_dir) and Run.of(adapter).prompt is None
+    plain = {"few_shot": 0, "prefill": "", "system_prompt": None}
+    assert _base_and_prompt(None, str(adapter)) == (str(tiny_model_dir), plain)  # what eval and chat use
+    assert _base_and_prompt("other", str(adapter))[0] == "other" and _base_and_prompt(None, None)[0] == "embedded"
 
 
 def test_chat_refuses_a_folder_that_is_not_an_adapter(tmp_path, capsys):

@@ -46,7 +46,7 @@ def test_excluded_calculations_do_not_come_back():
 
 @pytest.mark.slow
 def test_cpu_answers_recipe_runs_one_step_on_arithmetic(tiny_model_dir, tmp_path):
-    from grpo_kit.files import read_metrics
+    from grpo_kit.runs import read_metrics
     from grpo_kit.train import train
 
     preset = load_recipe(

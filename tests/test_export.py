@@ -16,7 +16,8 @@ import grpo_kit.gguf_files as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import check_tensors, default_name, export, push_folder, read_evals
+from grpo_kit.export import check_tensors, export, push_folder
+from grpo_kit.runs import Run
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -27,7 +28,7 @@ def run_dir(tmp_path_factory, tiny_model_dir, make_adapter):
     """A run folder like train writes: run.json, metrics.jsonl, adapter/."""
     run = tmp_path_factory.mktemp("run")
     make_adapter(tiny_model_dir, run / "adapter")
-    info = {  # as grpo_kit.runs.write_run_info writes it: the recipe's flat values
+    info = {  # as grpo_kit.runs.Run.record writes it: the recipe's flat values
         "recipe": {
             "name": "cpu",
             "model_name_or_path": str(tiny_model_dir),
@@ -61,8 +62,8 @@ def test_parse_formats_and_names(run_dir, tmp_path):
     with pytest.raises(GrpoKitError, match="q3_k_s.*q4_k_m"):
         export(run_dir / "adapter", "gguf", gguf_type="q3_k_s", out_dir=tmp_path / "exports")
     assert not (tmp_path / "exports").exists()
-    assert default_name(tmp_path / "my-run" / "adapter") == "my-run"
-    assert default_name(tmp_path / "my-run" / "checkpoint-40") == "my-run-checkpoint-40"
+    assert Run.of(tmp_path / "my-run" / "adapter").name == "my-run"
+    assert Run.of(tmp_path / "my-run" / "checkpoint-40").name == "my-run-checkpoint-40"
 
 
 def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir, make_adapter):
@@ -81,12 +82,14 @@ def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir,
     assert moved > 0 and lora_effect(adapter) == pytest.approx(moved, rel=1e-4)
 
 
-def test_read_evals_reads_what_the_run_saved(tmp_path):
+def test_a_runs_evaluations_are_what_it_saved(tmp_path):
     result = EvalResult(0.25, 0.5, 0.75, 30.0, n=4, seed=0, protocol="p")
     run = tmp_path / "run"  # what the run saved in eval/ (demo, notebooks 00 and 04)
     result.save(run / "eval" / "after.json")
-    assert read_evals(run / "adapter") == {"after": result.to_dict()}
-    assert read_evals(tmp_path / "elsewhere" / "adapter") is None
+    for adapter in (run / "adapter", tmp_path / "elsewhere" / "adapter"):
+        adapter.mkdir(parents=True)
+    assert Run.of(run / "adapter").evaluations == {"after": result.to_dict()}
+    assert Run.of(tmp_path / "elsewhere" / "adapter").evaluations == {}
 
 
 def test_compare_rules(tmp_path):
@@ -147,8 +150,8 @@ def test_an_export_carries_the_training_prompt_where_eval_and_chat_find_it(run_d
         record = json.loads((tmp_path / "x" / folder / "prompt.json").read_text())
         assert {key: record[key] for key in trained} == trained and record["reply_starts_with"] == "<think>\n"
         assert record["messages_before_question"] == build_messages("q", few_shot=1)[:-1]  # system + 1 example
-    assert evaluate.run_settings(str(tmp_path / "x" / "merged16"), None)[1] == trained
-    assert evaluate.run_settings(None, tmp_path / "x" / "lora")[1] == trained
+    assert evaluate._base_and_prompt(str(tmp_path / "x" / "merged16"), None)[1] == trained
+    assert evaluate._base_and_prompt(None, str(tmp_path / "x" / "lora"))[1] == trained
     assert "prompt.json" in (tmp_path / "x" / "README.md").read_text()
 
     seen = []

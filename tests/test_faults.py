@@ -1245,7 +1245,7 @@ def hold_lock():
     def hold(run_dir):
         code = (
             "import sys, time; from pathlib import Path; from grpo_kit import runs; "
-            "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)"
+            "run = runs.Run(Path(sys.argv[1])); run.lock(); print('locked', flush=True); time.sleep(600)"
         )
         started.append(subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True))
         assert started[-1].stdout.readline() == "locked\n"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import closing
 from types import SimpleNamespace
 
 import pytest
@@ -130,24 +131,24 @@ def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_
     )
     written = []
     monkeypatch.setattr(runs, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
-    runs.write_run_info(tmp_path, recipe, data="sample")
+    runs.Run(tmp_path, recipe=recipe, data="sample").record()
     assert written == [tmp_path / "run.json"]
-    info = runs.read_run_info(tmp_path)
+    info = runs.Run(tmp_path).info
     assert info["recipe"] == {"name": "cpu", "lora_r": 8, "hub_token": "***", "learning_rate": 1e-4}
     assert info["data"] == "sample" and info["reward_names"] == ["correctness", "format_rate"]
     assert {"trl", "transformers", "peft"} <= set(info["versions"])
     assert "hf_SECRET" not in (tmp_path / "run.json").read_text()
 
 
-def test_read_run_info_is_empty_without_a_run_json(tmp_path):
-    assert runs.read_run_info(tmp_path) == {} == runs.read_run_info(tmp_path / "no-such-folder")
+def test_run_info_is_empty_without_a_run_json(tmp_path):
+    assert runs.Run(tmp_path).info == {} == runs.Run(tmp_path / "no-such-folder").info
 
 
 @pytest.mark.parametrize("content", [b"{torn", b"\xff\xfe", b"[1, 2]"])
 def test_an_unreadable_run_json_is_said_never_taken_for_none(tmp_path, content):
     (tmp_path / "run.json").write_bytes(content)
     with pytest.raises(runs.GrpoKitError, match="run.json cannot be read .*Restore it from a copy"):
-        runs.read_run_info(tmp_path)
+        _ = runs.Run(tmp_path).info
     assert (tmp_path / "run.json").read_bytes() == content
 
 
@@ -155,25 +156,26 @@ def test_a_run_folder_with_files_is_refused_and_a_new_one_locked(tmp_path):
     from filelock import FileLock, Timeout
 
     run_dir = tmp_path / "run"
-    with runs.releases_run_locks():
-        assert runs.prepare_run_dir(run_dir, resume=False) is None
-        assert (run_dir / runs.PID_NAME).read_text() == str(os.getpid())
-        assert runs.prepare_run_dir(run_dir, resume=False) is None  # this process's own lock: a notebook cell again
-        with pytest.raises(Timeout):  # held: any other opener of the lock file is refused
+    with closing(runs.Run.open(run_dir)) as run:
+        assert run.checkpoint is None and (run_dir / runs.PID_NAME).read_text() == str(os.getpid())
+        with closing(runs.Run.open(run_dir)) as again:  # this process's own lock: a notebook cell run again
+            assert again.checkpoint is None
+        with pytest.raises(Timeout):  # still held by the first: any other opener of the lock file is refused
             FileLock(run_dir / runs.LOCK_NAME, blocking=False).acquire()
         (run_dir / "run.json").write_text("{}")
         with pytest.raises(runs.GrpoKitError, match="already has files.*--resume"):
-            runs.prepare_run_dir(run_dir, resume=False)
-    with FileLock(run_dir / runs.LOCK_NAME, blocking=False):  # released
+            runs.Run.open(run_dir)
+    with FileLock(run_dir / runs.LOCK_NAME, blocking=False):  # released by the object
         assert (run_dir / "run.json").read_text() == "{}"
 
 
 def test_restored_final_adapter_is_the_checkpoints_weights_without_training_state(tmp_path, fake_checkpoint):
-    checkpoint = fake_checkpoint(tmp_path, 3)
-    adapter = runs.restore_final_adapter(tmp_path, checkpoint, True)
+    run = runs.Run(tmp_path)
+    run.checkpoint = str(fake_checkpoint(tmp_path, 3))
+    adapter = run.restore_adapter()
     assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
     before = (adapter / "adapter_model.safetensors").read_bytes()
-    fake_checkpoint(tmp_path, 4)
-    assert runs.restore_final_adapter(tmp_path, tmp_path / "checkpoint-4", True) == adapter  # an adapter is kept
+    run.checkpoint = str(fake_checkpoint(tmp_path, 4))
+    assert run.restore_adapter() == adapter  # an adapter is kept
     assert (adapter / "adapter_model.safetensors").read_bytes() == before
     assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"

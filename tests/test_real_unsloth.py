@@ -216,7 +216,7 @@ def test_seed_grpo_scales_the_rewards_unsloths_trainer_learns_from(unsloth_loade
     """SEED-GRPO through Unsloth's patched trainer: a reward of 1 for every completion, in groups whose answers all
     differ (a random model writes no number: every answer a cluster of its own, semantic entropy 1), reaches the
     trainer as 1 / (1 + alpha * 1) = 0.5 at alpha 1, and the semantic entropy is logged as a metric."""
-    from grpo_kit.files import read_metrics
+    from grpo_kit.runs import read_metrics
     from grpo_kit.train import train
 
     def ones(completions, **kwargs):

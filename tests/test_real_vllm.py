@@ -22,7 +22,7 @@ from tiny_cli import varied
 from vllm_cpu import allow_on_this_cpu
 
 from grpo_kit.config import load_recipe
-from grpo_kit.files import read_metrics
+from grpo_kit.runs import read_metrics
 
 pytestmark = pytest.mark.real_vllm
 

@@ -24,9 +24,9 @@ from grpo_kit.callbacks import (
 )
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import read_metrics
 from grpo_kit.models import load_tokenizer
 from grpo_kit.rewards import completion_text
+from grpo_kit.runs import read_metrics
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")

@@ -22,8 +22,7 @@ from filelock import FileLock
 from tiny_cli import SIGNAL, recorded_values, tiny_train_args
 
 from grpo_kit.cli import main
-from grpo_kit.files import read_metrics
-from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint
+from grpo_kit.runs import LOCK_NAME, checkpoint_step, latest_checkpoint, read_metrics
 
 #: A tiny CPU run: 2 completions of 8 tokens per step, a checkpoint every step.
 TINY = tiny_train_args("arithmetic", **SIGNAL, save_steps=1, logging_steps=1)

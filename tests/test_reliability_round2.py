@@ -12,18 +12,19 @@ import math
 import os
 import subprocess
 import sys
+from contextlib import closing
 
 import pytest
 import torch
 from filelock import FileLock
 from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_recipe, tiny_train_args, varied
 
-from grpo_kit.callbacks import MetricsLogger, NumericsError, check_saved_adapter
+from grpo_kit.callbacks import MetricsLogger, NumericsError
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import dumps_finite, read_metrics
-from grpo_kit.runs import LOCK_NAME, PID_NAME, latest_checkpoint, prepare_run_dir, releases_run_locks
+from grpo_kit.files import dumps_finite
+from grpo_kit.runs import LOCK_NAME, PID_NAME, Run, latest_checkpoint, read_metrics
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
@@ -173,30 +174,30 @@ def test_non_finite_settings_are_refused_before_any_weights_load(argv, tmp_path,
 def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit.files import truncate_metrics
-
     path = tmp_path / "metrics.jsonl"
-    logger = MetricsLogger(path)
-    for step, loss in ((1, 0.5), (2, INF), (3, NAN)):
-        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
-        logger.on_log(None, state, None, logs={"loss": loss, "learning_rate": INF})
+    logger = MetricsLogger(Run(tmp_path))
+    state = SimpleNamespace(is_world_process_zero=True, log_history=[])
+    for step, loss in ((1, 0.5), (2, INF), (3, NAN)):  # as the Trainer logs: into log_history, then on_log
+        state.log_history.append({"loss": loss, "learning_rate": INF, "step": step})
+        logger.on_log(None, state, None, logs=state.log_history[-1])
     rows = [_strict_json(line) for line in path.read_text().splitlines()]
     assert [(row["step"], row["loss"], row["learning_rate"]) for row in rows] == [
         (1, 0.5, None),
         (2, None, None),
         (3, None, None),
     ]
-    truncate_metrics(path, 2)
+    state.log_history = state.log_history[:2]  # resumed from checkpoint-2: the Trainer restores its log_history
+    logger.on_log(None, state, None, logs=None)
     assert [_strict_json(line)["step"] for line in path.read_text().splitlines()] == [1, 2]
 
 
 def test_a_nan_final_adapter_is_not_a_finished_run(tmp_path, tiny_model_dir, make_adapter):
     run_dir = tmp_path / "run"
     adapter = make_adapter(tiny_model_dir, run_dir / "adapter")
-    check_saved_adapter(adapter, run_dir, 4)  # a finite adapter passes
+    Run(run_dir).check_saved_adapter(4)  # a finite adapter passes
     _poison(adapter, INF)
     with pytest.raises(NumericsError, match="final adapter.*NaN/inf.*damaged-adapter.old-"):
-        check_saved_adapter(adapter, run_dir, 4)
+        Run(run_dir).check_saved_adapter(4)
     (aside,) = run_dir.glob("damaged-adapter.old-*")  # set aside, never deleted
     assert not adapter.exists() and (aside / "adapter_model.safetensors").is_file()
 
@@ -212,7 +213,7 @@ def test_an_exploded_adapter_is_neither_a_finished_run_nor_exported(tmp_path, ti
     )
     assert "weights beyond 1000" in err and tensor in err and not (tmp_path / "exports").exists()
     with pytest.raises(NumericsError, match="final adapter.*beyond 1000.*damaged-adapter.old-"):
-        check_saved_adapter(adapter, run_dir, 1)
+        Run(run_dir).check_saved_adapter(1)
 
 
 # ------------------------------------------------------------------------------------------------ 3. finished runs
@@ -248,7 +249,7 @@ def hold_run_lock(run_dir):
     """Another process that takes ``run_dir``'s lock as ``train`` does, then sleeps (it holds the lock on return)."""
     code = (
         "import sys, time; from pathlib import Path; from grpo_kit import runs; "
-        "runs.acquire_run_lock(Path(sys.argv[1])); print('locked', flush=True); time.sleep(600)"
+        "run = runs.Run(Path(sys.argv[1])); run.lock(); print('locked', flush=True); time.sleep(600)"
     )
     process = subprocess.Popen([sys.executable, "-c", code, str(run_dir)], stdout=subprocess.PIPE, text=True)
     assert process.stdout.readline() == "locked\n"
@@ -306,8 +307,11 @@ def test_checkpoint_without_optimizer_state_is_incomplete(missing, tmp_path, fak
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 3, skip=[missing])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
-    with releases_run_locks(), pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from"):
-        assert prepare_run_dir(tmp_path, resume=True).name == "checkpoint-2"
+    with (
+        pytest.warns(UserWarning, match=f"checkpoint-3: no {missing}.*Resuming from"),
+        closing(Run.open(tmp_path, resume=True)) as run,
+    ):
+        assert run.checkpoint == str(tmp_path / "checkpoint-2")
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
     assert (aside / "adapter_model.safetensors").is_file()  # kept, not deleted
 
@@ -324,8 +328,9 @@ def test_truncated_adapter_in_the_latest_checkpoint_falls_back_and_is_set_aside(
     data = weights.read_bytes()
     weights.write_bytes(data[: len(data) - 7])
     assert latest_checkpoint(tmp_path).name == "checkpoint-2"
-    with releases_run_locks(), pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-"):
-        assert prepare_run_dir(tmp_path, resume=True, is_main=True).name == "checkpoint-2"
+    with pytest.warns(UserWarning, match="checkpoint-3: .*cannot be read.*moved to damaged-"):
+        with closing(Run.open(tmp_path, resume=True, is_main=True)) as run:
+            assert run.checkpoint == str(tmp_path / "checkpoint-2")
     (aside,) = tmp_path.glob("damaged-checkpoint-3.old-*")
     assert (aside / "adapter_model.safetensors").read_bytes() == data[: len(data) - 7]
 
@@ -334,7 +339,7 @@ def test_only_the_main_process_sets_damaged_checkpoints_aside(tmp_path, fake_che
     fake_checkpoint(tmp_path, 2)
     fake_checkpoint(tmp_path, 3, state=False)
     with pytest.warns(UserWarning, match="checkpoint-3: no trainer_state.json"):
-        assert prepare_run_dir(tmp_path, resume=True, is_main=False).name == "checkpoint-2"
+        assert Run.open(tmp_path, resume=True, is_main=False).checkpoint == str(tmp_path / "checkpoint-2")
     assert (tmp_path / "checkpoint-3").is_dir() and not (tmp_path / LOCK_NAME).exists()
 
 

@@ -87,10 +87,10 @@ from grpo_kit.cli import main
 from grpo_kit.rewards import REWARDS
 
 
-def save_adapter_and_digest(trainer, tokenizer, run_dir):
+def save_adapter_and_digest(run, trainer):
     state = get_peft_model_state_dict(trainer.accelerator.unwrap_model(trainer.model))
-    (run_dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state))
-    return save_adapter(trainer, tokenizer, run_dir)
+    (run.dir / f"rank-{trainer.args.process_index}.digest").write_text(weights_digest(state))
+    return save_adapter(run, trainer)
 
 
 def char_codes(completions, **kwargs):
@@ -99,7 +99,7 @@ def char_codes(completions, **kwargs):
 
 
 REWARDS["char_codes"] = char_codes
-save_adapter, runs.save_adapter = runs.save_adapter, save_adapter_and_digest
+save_adapter, runs.Run.save_adapter = runs.Run.save_adapter, save_adapter_and_digest
 raise SystemExit(main(sys.argv[1:]))
 """
 )
@@ -111,7 +111,7 @@ def test_two_process_cpu_run_trains_identical_copies(tiny_model_dir, tmp_path):
     those weights are what the adapter file holds, training moved them, and the run files were written once."""
     from safetensors.torch import load_file
 
-    from grpo_kit.files import read_metrics
+    from grpo_kit.runs import read_metrics
 
     launcher = tmp_path / "launch_train.py"
     launcher.write_text(LAUNCHER)

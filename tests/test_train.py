@@ -9,8 +9,7 @@ from tiny_cli import tiny_recipe
 
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import read_metrics, truncate_metrics
-from grpo_kit.runs import latest_checkpoint, reward_first_last
+from grpo_kit.runs import Run, latest_checkpoint, read_metrics, reward_first_last
 from grpo_kit.train import run_folder, train
 
 
@@ -50,11 +49,17 @@ def test_latest_checkpoint_none_when_empty(tmp_path):
     assert latest_checkpoint(tmp_path) is None
 
 
-def test_truncate_metrics_keeps_history_up_to_checkpoint(tmp_path):
+def test_a_resumed_runs_metrics_are_its_checkpoints_history(tmp_path):
+    from types import SimpleNamespace
+
+    from grpo_kit.callbacks import MetricsLogger
+
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(1, 6)) + '{"step": 6, "rew')
-    truncate_metrics(path, 3)
-    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3]
+    assert [row["step"] for row in read_metrics(path)] == [1, 2, 3, 4, 5]  # a killed run's torn last line: ignored
+    restored = [{"rewards/correctness/mean": s / 10, "step": s} for s in range(1, 4)]  # checkpoint-3's log_history
+    MetricsLogger(Run(tmp_path)).on_log(None, SimpleNamespace(is_world_process_zero=True, log_history=restored), None)
+    assert read_metrics(path) == [{"step": s, "reward/correctness": s / 10} for s in range(1, 4)]
 
 
 def test_reward_first_last_uses_windows():
@@ -80,7 +85,7 @@ def test_a_run_whose_log_shows_a_collapse_ends_with_a_warning(tmp_path, first_cl
 
     rows = [{**COLLAPSED[0], "completions/clipped_ratio": first_clipped}, COLLAPSED[1]]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    summary = _result(tmp_path, tmp_path / "adapter", 2, 1.0).summary()
+    summary = _result(Run(tmp_path), tmp_path / "adapter", 2, 1.0).summary()
     assert ("warning: the run collapsed: at step 2 the reward fell from 0.250 to 0" in summary) is warned
     assert ("lower --set learning_rate" in summary) is warned
 
