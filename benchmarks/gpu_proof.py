@@ -865,8 +865,7 @@ def _learn(run: Run, preset, spec: dict) -> dict:
         "train_seconds": time.time() - started,
         "reward_first": result.reward_first,
         "reward_last": result.reward_last,
-        "learned_nothing": result.learned_nothing,
-        "collapsed": result.collapsed,
+        "findings": [finding["check"] for finding in result.findings],  # the run doctor's (doctor.diagnose)
     }
     _free_gpu()
 

@@ -23,15 +23,7 @@ from transformers import TrainerCallback, TrainerState
 
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import METRICS, completion_text
-from grpo_kit.runs import checkpoints, latest_checkpoint
-
-
-class NumericsError(GrpoKitError):
-    """A NaN/inf showed up during training; ``step`` is the optimizer step (1-based), ``metric`` what was bad."""
-
-    def __init__(self, message: str, *, step: int | None, metric: str, value: Any = None):
-        super().__init__(message)
-        self.step, self.metric, self.value = step, metric, value
+from grpo_kit.runs import numerics_error, resume_hint
 
 
 def is_finite_number(value: Any) -> bool:
@@ -52,47 +44,6 @@ def non_finite(logs: dict[str, Any]) -> list[tuple[str, Any]]:
             if not math.isfinite(value):
                 bad.append((name, value))
     return bad
-
-
-def _resume_hint(run_dir) -> str:
-    if run_dir is None:
-        return ""
-    checkpoint = latest_checkpoint(run_dir)
-    if checkpoint is None:
-        written = ", ".join(folder.name for _, folder in checkpoints(run_dir))  # torn, or weights that already broke
-        return (
-            f" No complete checkpoint in {run_dir}"
-            + (f" ({written} cannot be resumed from)" if written else "")
-            + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
-            "attempt left is set aside, not deleted)."
-        )
-    # complete means finite weights too (adapters.adapter_problem): weights that already broke are never offered
-    return (
-        f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
-        f"{run_dir} --resume` (or train(..., resume=True))."
-    )
-
-
-def numerics_error(
-    step: int | None, metric: str, value: Any, run_dir, *, detail: str = "", where: str | None = None
-) -> NumericsError:
-    if metric.startswith("reward/"):
-        fix = (
-            f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
-            "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs."
-        )
-    else:
-        fix = (
-            "The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
-            "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
-            "card; on CPU the 'cpu' recipe trains in fp32."
-        )
-    where = where or f"at step {step}"  # GuardedReward, the only caller without a step, says where
-    message = (
-        f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
-        f"instead of training on silently (nothing from this step was saved). {fix}{detail}"
-    )
-    return NumericsError(message + _resume_hint(run_dir), step=step, metric=metric, value=value)
 
 
 # --------------------------------------------------------------------------------------------- rewards
@@ -124,7 +75,7 @@ class GuardedReward:
                 raise GrpoKitError(
                     f"The reward function '{self.__name__}' returned {score} (a bool, not a number) for completion "
                     f"{index} {where}. Return a float per completion, e.g. 1.0 if ... else 0.0, or float(...)."
-                    + _resume_hint(self.run_dir)
+                    + resume_hint(self.run_dir)
                 )
             if score is not None and not is_finite_number(score):
                 text = _excerpt(completion_text(completions[index]))
@@ -150,7 +101,7 @@ class GuardedReward:
             f"The reward function '{self.__name__}' raised {type(error).__name__}: "
             f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
             "function (it must return one float or None per completion, for any text) or leave it out "
-            f"of reward_funcs.{_resume_hint(self.run_dir)}"
+            f"of reward_funcs.{resume_hint(self.run_dir)}"
         )
 
 
@@ -232,7 +183,7 @@ def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
             "--output) that needs less: shorter completions (--set max_completion_length=N), fewer completions per "
             "forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller "
             "group (--set num_generations=N), or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the "
-            "estimate (docs/VRAM.md)." + _resume_hint(run_dir)
+            "estimate (docs/VRAM.md)." + resume_hint(run_dir)
         ) from error
     except RuntimeError as error:  # torch.multinomial and friends on NaN/inf probabilities
         if not any(

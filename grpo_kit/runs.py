@@ -18,6 +18,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
@@ -35,6 +36,58 @@ from grpo_kit.files import (
 #: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
 LOCK_NAME = ".grpo-kit.lock"
 PID_NAME = ".grpo-kit.pid"
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class NumericsError(GrpoKitError):
+    """A NaN/inf showed up during training; ``step`` is the optimizer step (1-based), ``metric`` what was bad."""
+
+    def __init__(self, message: str, *, step: int | None, metric: str, value: Any = None):
+        super().__init__(message)
+        self.step, self.metric, self.value = step, metric, value
+
+
+def resume_hint(run_dir) -> str:
+    if run_dir is None:
+        return ""
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        written = ", ".join(folder.name for _, folder in checkpoints(run_dir))  # torn, or weights that already broke
+        return (
+            f" No complete checkpoint in {run_dir}"
+            + (f" ({written} cannot be resumed from)" if written else "")
+            + ": after the fix, the same command with --resume starts again from step 0 in that folder (what this "
+            "attempt left is set aside, not deleted)."
+        )
+    # complete means finite weights too (adapters.adapter_problem): weights that already broke are never offered
+    return (
+        f" The last complete checkpoint is {checkpoint}: after the fix, continue with `grpo-kit train ... --output "
+        f"{run_dir} --resume` (or train(..., resume=True))."
+    )
+
+
+def numerics_error(
+    step: int | None, metric: str, value: Any, run_dir, *, detail: str = "", where: str | None = None
+) -> NumericsError:
+    if metric.startswith("reward/"):
+        fix = (
+            f"The reward function '{metric[7:]}' returned {value}; rewards must be finite floats (return None for "
+            "'not applicable'). Fix the reward, or leave it out of the recipe's reward_funcs."
+        )
+    else:
+        fix = (
+            "The weights or the loss overflowed. Lower the learning rate (--set learning_rate=..., e.g. by 10x), keep "
+            "gradient clipping on (--set max_grad_norm=0.1), and on a T4 (fp16) shorten completions or use a bf16 "
+            "card; on CPU the 'cpu' recipe trains in fp32."
+        )
+    where = where or f"at step {step}"  # GuardedReward, the only caller without a step, says where
+    message = (
+        f"Training stopped: {metric} is {value} {where}. GRPO cannot learn from NaN/inf, so the run was stopped "
+        f"instead of training on silently (nothing from this step was saved). {fix}{detail}"
+    )
+    return NumericsError(message + resume_hint(run_dir), step=step, metric=metric, value=value)
 
 
 # --------------------------------------------------------------------------------------------- checkpoints
@@ -475,8 +528,6 @@ class Run:
         The loss of the last step is logged before that step's update, so ``NumericsGuard`` cannot see an update that
         broke the weights (an inf learning rate does exactly that).
         """
-        from grpo_kit.callbacks import numerics_error
-
         adapter = self.dir / "adapter"
         if problem := adapter_problem(adapter):
             aside = set_aside(adapter, prefix="damaged-")

@@ -14,7 +14,6 @@ from tiny_cli import tiny_recipe, varied
 
 from grpo_kit.callbacks import (
     GuardedReward,
-    NumericsError,
     NumericsGuard,
     check_rewards,
     guard_numerics,
@@ -26,7 +25,7 @@ from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.models import load_tokenizer
 from grpo_kit.rewards import completion_text
-from grpo_kit.runs import read_metrics
+from grpo_kit.runs import NumericsError, read_metrics
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")

@@ -19,12 +19,12 @@ import torch
 from filelock import FileLock
 from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_recipe, tiny_train_args, varied
 
-from grpo_kit.callbacks import MetricsLogger, NumericsError
+from grpo_kit.callbacks import MetricsLogger
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import dumps_finite
-from grpo_kit.runs import LOCK_NAME, PID_NAME, Run, latest_checkpoint, read_metrics
+from grpo_kit.runs import LOCK_NAME, PID_NAME, NumericsError, Run, latest_checkpoint, read_metrics
 from grpo_kit.train import train
 
 NAN, INF = float("nan"), float("inf")
