@@ -321,126 +321,20 @@ def check_lora(folder: Path, adapter_dir: Path) -> ExportResult:
 
 
 def model_card(info: Mapping[str, Any]) -> str:
-    """The export's README.md, from what export.json records: training, evaluation, verification, how to load."""
-    run, recipe, formats = info["run"] or {}, (info["run"] or {}).get("recipe") or {}, info["formats"]
-    kinds, where = {r["format"] for r in formats}, info["repo"] or info["folder"]
+    """The export's README.md, from what export.json records (training, evaluation, verification, how to load and
+    prompt it): the template ``grpo_kit/resources/model_card.md``, rendered by huggingface_hub's
+    ``ModelCard.from_template``."""
+    kinds = {r["format"] for r in info["formats"]}
     data = ModelCardData(
         library_name="peft" if kinds == {"lora"} else "transformers",
         tags=["grpo", "gsm8k", "grpo-kit"],
         base_model=info["base_model_hub"],
     )
-    lines = [
-        f"# {info['name']}",
-        "",
-        f"GRPO fine-tune (TRL `GRPOTrainer`, LoRA) of **{info['base_model']}** on "
-        f"GSM8K-style math word problems, made with grpo-kit. {info['base_model_note']}",
-        "",
-        "## Training",
-        "",
-    ]
-    rows = {
-        "recipe": recipe.get("name"),
-        "data": run.get("data"),
-        "rewards": ", ".join(run.get("reward_names") or []),
-        "steps": info["steps"],
-        "LoRA r / alpha": f"{recipe.get('lora_r', '?')} / {recipe.get('lora_alpha', '?')}",
-    }
-    table = [f"| {key} | {'?' if value in (None, '') else value} |" for key, value in rows.items()]
-    lines += ["| setting | value |", "|---|---|", *table] if run else ["No run.json was found beside the adapter."]
-    lines += ["", "Run doctor (`grpo-kit doctor`): " + ("; ".join(info["doctor"]) or "no warning.")]
-    lines += (
-        [
-            "",
-            "## Evaluation",
-            "",
-            "| model | n | strict acc. | lenient acc. | format rate | mean tokens |",
-            "|---|---|---|---|---|---|",
-        ]
-        if info["evals"]
-        else ["", "## Evaluation", "", "No evaluation attached."]
+    template = Path(__file__).with_name("resources") / "model_card.md"
+    card = ModelCard.from_template(
+        data, str(template), info=info, kinds=kinds, prompt_file=runs.PROMPT_FILE, dumps=json.dumps, isabs=os.path.isabs
     )
-    for name, m in info["evals"].items():
-        cells = [
-            "?" if m.get(k) is None else f"{100 * m[k]:.1f} %"
-            for k in ("accuracy_strict", "accuracy_lenient", "format_rate")
-        ]
-        tokens = "?" if m.get("mean_completion_tokens") is None else f"{m['mean_completion_tokens']:.1f}"
-        lines.append(f"| {name} | {m.get('n', '?')} | {' | '.join(cells)} | {tokens} |")
-    protocols = " / ".join(dict.fromkeys(m["protocol"] for m in info["evals"].values() if m.get("protocol")))
-    if protocols:
-        lines += ["", f"Protocol: {protocols}. Compare numbers under the same protocol only."]
-    lines += [
-        "",
-        "## Verification",
-        "",
-        "Each file was read back and compared weight by weight with base + adapter "
-        "within the limit of its storage type, and had to sit closer to base + adapter than to the base.",
-        "",
-        "| format | file | checked as | max diff | limit | mean diff to tuned / to base | LoRA effect |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {r['format']} | `{r['path']}` | {r['detail']} | {r['max_abs_diff']:.3g} | {r['tolerance']:.3g} | "
-        f"{r['mean_abs_diff']:.3g} / {r['mean_abs_diff_base']:.3g} | {r['lora_effect']:.3g} |"
-        for r in formats
-    ]
-    # Runs as written: a Hub repo's subfolders, or the export's folder as the export command was given it; the lora
-    # goes onto the base its adapter_config.json names (a 4-bit run's bnb-4bit model, a folder for the embedded one).
-    load = {
-        sub: f'"{where}", subfolder="{sub}"' if info["repo"] else json.dumps(f"{where}/{sub}")
-        for sub in ("lora", "merged16")
-    }
-    code = ["from transformers import AutoModelForCausalLM", ""]
-    if "lora" in kinds:
-        code = [
-            "from peft import PeftModel",
-            *code,
-            f"base = AutoModelForCausalLM.from_pretrained({json.dumps(info['lora_base'])})"
-            + ("  # a folder on the machine that exported it" if os.path.isabs(info["lora_base"]) else ""),
-            f"model = PeftModel.from_pretrained(base, {load['lora']})",
-        ]
-    if "merged16" in kinds:
-        code.append(f"merged = AutoModelForCausalLM.from_pretrained({load['merged16']})")
-    gguf = next((r["path"] for r in formats if r["format"] == "gguf"), "")
-    lines += [f"- {r['note']}" for r in formats if r["note"]]
-    if info.get("answers"):
-        lines += [
-            "",
-            "The merged model's answers next to base + adapter's (greedy, the training prompt, the kit's "
-            "bundled held-out questions):",
-            "",
-            "| model | n | strict acc. | format rate |",
-            "|---|---|---|---|",
-        ]
-        lines += [
-            f"| {label} | {m['n']} | {100 * m['accuracy_strict']:.1f} % | {100 * m['format_rate']:.1f} % |"
-            for label, m in info["answers"].items()
-        ]
-    lines += ["", "## How to load", ""]
-    lines += ["```python", *code, "```", ""] if kinds & {"lora", "merged16"} else []
-    if gguf:
-        lines += [
-            f"GGUF: `llama-cli -m {where}/{gguf} -cnv`, or `ollama create {info['name']} -f {where}/gguf/Modelfile`"
-        ]
-    lines += ["", "## How to prompt it", ""]
-    if prompt := info.get("prompt"):
-        lines += [
-            f"As in training: the system prompt and {prompt['few_shot']} worked example(s) before the question, "
-            f"and the reply started with {prompt['prefill']!r}. `grpo-kit eval --model` and `grpo-kit chat "
-            f"--model` read them from `{runs.PROMPT_FILE}` in the lora and merged16 folders; in your own code:",
-            "",
-            "```python",
-            "import json",
-            "",
-            f'prompt = json.load(open("merged16/{runs.PROMPT_FILE}"))',
-            'messages = prompt["messages_before_question"] + [{"role": "user", "content": question}]',
-            "text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)",
-            'text += prompt["reply_starts_with"]  # the model goes on from there',
-            "```",
-            "",
-        ]
-    lines += ["It answers as `<think> reasoning </think><answer> number </answer>`."]
-    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n"))
+    return f"{card}\n"  # Jinja drops the template's last newline
 
 
 def push_folder(folder: Path, repo: str) -> str:
