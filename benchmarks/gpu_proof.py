@@ -619,9 +619,9 @@ def build_model(arch: str, folder: Path) -> dict:
         return json.loads(done.read_text())
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir())
     config = build_config(arch, tokenizer)
-    from grpo_kit.models import gpu_has_bf16
+    from grpo_kit.models import detect_device
 
-    dtype = torch.bfloat16 if gpu_has_bf16() else torch.float16
+    dtype = torch.bfloat16 if detect_device().bf16 else torch.float16
     need = shape_params(arch) * 2 * 1.2
     device = "cuda" if torch.cuda.get_device_properties(0).total_memory > need else "cpu"  # init is fast on a GPU
     torch.manual_seed(0)
@@ -747,7 +747,7 @@ def run_worker(spec: dict) -> dict:
     import torch
 
     from grpo_kit.config import load_recipe
-    from grpo_kit.models import gpu_has_bf16, prepare_backend
+    from grpo_kit.models import detect_device, prepare_backend
 
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch
@@ -758,7 +758,7 @@ def run_worker(spec: dict) -> dict:
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one
         return {"status": "built", **(build_model(run.arch, model_dir) if run.arch != REAL else {"arch": REAL})}
     gpu = torch.cuda.is_available()
-    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=gpu_has_bf16(), plan_only=False, gpu=gpu)
+    preset = proof_preset(run, str(model_dir), spec["steps"], card_bf16=detect_device().bf16, plan_only=False, gpu=gpu)
     prepare_backend(preset.kit.backend)  # Unsloth runs: imported before the tokenizer/timer import transformers
     row = {"precision": precision(preset), "load_in_4bit": preset.model.load_in_4bit}
     if gpu:

@@ -279,10 +279,10 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     with contextlib.suppress(TypeError, ValueError):  # an epsilon that is no number is refused by TRL's parser
         defaults["epsilon_high"] = float(values.get("epsilon", trl.GRPOConfig.__dataclass_fields__["epsilon"].default))
     if torch.cuda.is_available():
-        from grpo_kit.models import gpu_has_bf16
+        from grpo_kit.models import detect_device
 
         if "bf16" not in values and "fp16" not in values:  # TRL turns bf16 on, which a T4 cannot run
-            defaults.update(bf16=gpu_has_bf16(), fp16=not gpu_has_bf16())
+            defaults.update(bf16=detect_device().bf16, fp16=not detect_device().bf16)
     else:  # a GPU tier's recipe still parses here (presets, planner); planner.check_device refuses to train it
         defaults.update(bf16=False, use_cpu=True, gradient_checkpointing=False)  # checkpointing only slows a CPU
     return defaults

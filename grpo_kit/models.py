@@ -27,28 +27,21 @@ class DeviceInfo:
 
 
 def detect_device() -> DeviceInfo:
+    """The machine: GPU 0's name and memory, and whether it computes bfloat16 natively (torch's check without
+    emulation: a T4 emulates bf16, slowly, and Unsloth/bitsandbytes kernels expect fp16 there)."""
     import torch
 
     if not torch.cuda.is_available():
         return DeviceInfo("cpu", "cpu", 0.0, False)
     props = torch.cuda.get_device_properties(0)
-    return DeviceInfo("cuda", props.name, props.total_memory / 2**30, gpu_has_bf16())
-
-
-def gpu_has_bf16() -> bool:
-    """True when GPU 0 computes bfloat16 natively (compute capability >= 8.0); False without a GPU.
-
-    Not ``torch.cuda.is_bf16_supported()``: it counts emulation and says True on a T4 (sm75), where bf16 runs slowly
-    in software and Unsloth/bitsandbytes kernels expect fp16.
-    """
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability(0) >= (8, 0)
+    return DeviceInfo(
+        "cuda", props.name, props.total_memory / 2**30, torch.cuda.is_bf16_supported(including_emulation=False)
+    )
 
 
 def half_dtype_name() -> str:
     """The 16-bit dtype to load or export in: ``"bfloat16"`` where the GPU has it natively, else ``"float16"``."""
-    return "bfloat16" if gpu_has_bf16() else "float16"
+    return "bfloat16" if detect_device().bf16 else "float16"
 
 
 def in_colab() -> bool:

@@ -20,12 +20,14 @@ from grpo_kit.errors import GrpoKitError
 
 @pytest.fixture
 def fake_t4(monkeypatch):
-    """torch.cuda as a T4 shows it: sm75, and ``is_bf16_supported()`` True because it counts emulation."""
+    """torch.cuda as a T4 shows it: sm75, and ``is_bf16_supported()`` True because it counts emulation (torch's own
+    rule: native from major 8, else emulated)."""
     props = SimpleNamespace(name="Tesla T4", total_memory=int(14.7 * 2**30), major=7, minor=5)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index=0: props)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (7, 5))
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    monkeypatch.setattr(
+        torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation or props.major >= 8
+    )
     monkeypatch.setattr(torch._C, "_cuda_setDevice", lambda index: None, raising=False)  # GRPOConfig picks cuda:0
     return props
 
@@ -38,7 +40,6 @@ def test_t4_is_not_reported_as_bf16(fake_t4):
 
 def test_ampere_is_bf16(fake_t4, monkeypatch):
     fake_t4.major, fake_t4.minor = 8, 0
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
     assert models.detect_device().bf16 is True
     assert models.half_dtype_name() == "bfloat16"
 
@@ -87,7 +88,6 @@ def fake_unsloth(monkeypatch, fake_t4):
 
     record = types.SimpleNamespace(loads=[], engine_error=None, trainer=None, imported=False)
     fake_t4.major, fake_t4.minor = 8, 0
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=0: (8, 0))
     monkeypatch.delenv("LOCAL_RANK", raising=False)
 
     class PlainGRPOTrainer:  # TRL's class, as a module-level `from trl import GRPOTrainer` would have kept it
@@ -164,7 +164,7 @@ import sys, types, torch
 torch.cuda.is_available = lambda: True
 props = types.SimpleNamespace(name="NVIDIA A100", total_memory=80 * 2**30, major=8, minor=0)
 torch.cuda.get_device_properties = lambda index=0: props
-torch.cuda.get_device_capability = lambda index=0: (8, 0)
+torch.cuda.is_bf16_supported = lambda including_emulation=True: True
 from grpo_kit.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -234,7 +234,9 @@ def test_unsloth_loads_in_the_recipes_precision(fake_unsloth, recipe, dtype):
     assert fake_unsloth.loads[-1]["dtype"] is dtype
 
 
-def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(fake_unsloth, monkeypatch, tmp_path, capsys):
+def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(
+    fake_unsloth, fake_t4, monkeypatch, tmp_path, capsys
+):
     """Notebook 00's settings, CPU/CI, values and model cells on a (fake) T4: the CPU/CI cell changes nothing, auto
     picks the t4 tier, and Unsloth gets the T4 run's values, vLLM colocated, in fp16."""
     import json
@@ -242,8 +244,7 @@ def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(fake_u
     import grpo_kit.colab
 
     monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
-    monkeypatch.setattr(models, "gpu_has_bf16", lambda: False)  # a T4 (sm75) for auto_recipe: a bf16 card of 14.7
-    # GiB gets the bf16 rtx-12gb tier
+    fake_t4.major = 7  # a T4 (sm75) for auto_recipe: a bf16 card of 14.7 GiB gets the bf16 rtx-12gb tier
     notebook = Path(__file__).resolve().parents[1] / "notebooks" / "00_train_grpo_colab.ipynb"
     cells = {c["id"]: "".join(c["source"]) for c in json.loads(notebook.read_text())["cells"]}
     namespace: dict = {}
