@@ -57,9 +57,9 @@ class EvalResult:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Metrics + protocol to ``path`` (a ``.json`` file), the rows to ``path`` with suffix ``.jsonl``; never over a
-        file an earlier ``save`` did not write (``check_out``)."""
+        file an earlier ``save`` did not write (``check_save_path``)."""
         rows = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows)
-        atomic_write_text(check_out(path).with_suffix(".jsonl"), rows)
+        atomic_write_text(check_save_path(path).with_suffix(".jsonl"), rows)
         return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def summary(self) -> str:
@@ -69,7 +69,7 @@ class EvalResult:
         )
 
 
-def check_out(path: str | os.PathLike) -> Path:
+def check_save_path(path: str | os.PathLike) -> Path:
     """``path``, where ``EvalResult.save`` may write it and its rows (``.jsonl`` beside it), else ``GrpoKitError`` with
     the fix: it must name a ``.json`` file, and neither file may lie under a file or be one that an earlier ``save``
     did not write (a user's questions, a run's ``metrics.jsonl``): those are left as they are."""
@@ -511,7 +511,7 @@ def cli_eval(args) -> int:
     base_out = out.with_name(f"{out.stem}-base.json") if out and args.compare else None
     for path in (out, base_out):  # every file --out writes, checked before any question is evaluated
         if path:
-            check_out(path)
+            check_save_path(path)
     set_torch_threads()
     dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = _base_and_prompt(args.model, args.adapter)

@@ -108,8 +108,9 @@ def _first_line(error: BaseException) -> str:
 
 def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
-    shows (``FastLanguageModel`` below), in the precision the run trains in (``bf16``/``fp16``, else float32) unless
-    the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported is turned off."""
+    shows (``load_base_model`` and ``add_lora`` below), in the precision the run trains in (``bf16``/``fp16``, else
+    float32) unless the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported
+    is turned off."""
     config, lora = recipe.grpo, recipe.model
     if config.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
         prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
@@ -120,7 +121,7 @@ def load_model(recipe):
             )
     # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
     # when the run trains in fp16.
-    model, tokenizer = FastLanguageModel.from_pretrained(
+    model, tokenizer = load_base_model(
         model_name=lora.model_name_or_path,
         max_seq_length=recipe.kit.max_seq_length,
         dtype=recipe.dtype,
@@ -130,7 +131,7 @@ def load_model(recipe):
         gpu_memory_utilization=config.vllm_gpu_memory_utilization,
         backend=recipe.kit.backend,
     )
-    model = FastLanguageModel.get_peft_model(
+    model = add_lora(
         model,
         r=lora.lora_r,
         lora_alpha=lora.lora_alpha,
@@ -187,80 +188,76 @@ def release_vllm(model) -> bool:
     return True
 
 
-class FastLanguageModel:
-    """Unsloth's ``FastLanguageModel`` on every machine: notebook 00 and ``load_model`` make these two calls.
+def load_base_model(
+    model_name,
+    *,
+    max_seq_length=1024,
+    dtype=None,
+    load_in_4bit=False,
+    fast_inference=False,
+    max_lora_rank=16,
+    gpu_memory_utilization=0.5,
+    backend="auto",
+):
+    """``(model, tokenizer)``: Unsloth's ``FastLanguageModel.from_pretrained`` with these arguments on the Unsloth
+    backend (a GPU), else the same load with transformers (a CPU, ``backend="transformers"``). Notebook 00 and
+    ``load_model`` make this call and ``add_lora``. An engine that fails to start is an error naming the fixes, not a
+    silent slower run (vLLM that cannot be imported at all: ``without_missing_vllm``, before loading)."""
+    import torch
 
-    On the Unsloth backend (a GPU) they are Unsloth's own; an engine that fails to start is an error naming the
-    fixes, not a silent slower run (vLLM that cannot be imported at all: ``without_missing_vllm``, before loading).
-    Elsewhere (a CPU, ``backend="transformers"``) the same arguments load with transformers + PEFT.
-    """
+    backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
+    name = None if dtype is None else str(dtype).removeprefix("torch.")  # transformers takes the name ("auto" too)
+    if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
+        model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
+    else:  # Unsloth takes a torch dtype (None or "auto": it picks)
+        kwargs = dict(
+            model_name=model_id,
+            max_seq_length=max_seq_length,
+            dtype=getattr(torch, name or "", None),
+            load_in_4bit=load_in_4bit,
+            max_lora_rank=max_lora_rank,
+            gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5,
+        )
+        try:
+            model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference)
+        # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
+        # missing CUDA library); a TypeError or AttributeError is a bug, and passes through as it is.
+        except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
+            if not fast_inference:
+                raise
+            raise GrpoKitError(
+                f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
+                "the cause: restart the runtime to free GPU memory, lower --set "
+                "vllm_gpu_memory_utilization, or --set use_vllm=false (slower)."
+            ) from error
+    return model, tokenizer
 
-    @staticmethod
-    def from_pretrained(
-        model_name,
-        *,
-        max_seq_length=1024,
-        dtype=None,
-        load_in_4bit=False,
-        fast_inference=False,
-        max_lora_rank=16,
-        gpu_memory_utilization=0.5,
-        backend="auto",
-    ):
-        import torch
 
-        backend, model_id = prepare_backend(backend), resolve_model_id(model_name)
-        name = None if dtype is None else str(dtype).removeprefix("torch.")  # transformers takes the name ("auto" too)
-        if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
-            model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
-        else:  # Unsloth takes a torch dtype (None or "auto": it picks)
-            kwargs = dict(
-                model_name=model_id,
-                max_seq_length=max_seq_length,
-                dtype=getattr(torch, name or "", None),
-                load_in_4bit=load_in_4bit,
-                max_lora_rank=max_lora_rank,
-                gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5,
-            )
-            try:
-                model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference)
-            # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
-            # missing CUDA library); a TypeError or AttributeError is a bug, and passes through as it is.
-            except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
-                if not fast_inference:
-                    raise
-                raise GrpoKitError(
-                    f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
-                    "the cause: restart the runtime to free GPU memory, lower --set "
-                    "vllm_gpu_memory_utilization, or --set use_vllm=false (slower)."
-                ) from error
-        return model, tokenizer
+def add_lora(model, *, use_gradient_checkpointing=False, random_state=3407, backend="auto", **lora):
+    """``model`` with LoRA adapters: Unsloth's ``FastLanguageModel.get_peft_model`` on the Unsloth backend, else PEFT's
+    ``get_peft_model``. ``lora``: the adapter's settings, under the names Unsloth's call and PEFT's ``LoraConfig``
+    share (``r``, ``lora_alpha``, ``target_modules``, ``lora_dropout``, ``use_rslora``, ``modules_to_save``)."""
+    if prepare_backend(backend) == "unsloth":  # the loader load_base_model picked for the same backend
+        from unsloth import FastLanguageModel
 
-    @staticmethod
-    def get_peft_model(model, *, use_gradient_checkpointing=False, random_state=3407, backend="auto", **lora):
-        """``lora``: the adapter's settings, under the names Unsloth's call and PEFT's ``LoraConfig`` share (``r``,
-        ``lora_alpha``, ``target_modules``, ``lora_dropout``, ``use_rslora``, ``modules_to_save``)."""
-        if prepare_backend(backend) == "unsloth":  # the loader from_pretrained picked for the same backend
-            from unsloth import FastLanguageModel as Unsloth
+        return FastLanguageModel.get_peft_model(
+            model, **lora, use_gradient_checkpointing=use_gradient_checkpointing, random_state=random_state
+        )
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import set_seed
 
-            return Unsloth.get_peft_model(
-                model, **lora, use_gradient_checkpointing=use_gradient_checkpointing, random_state=random_state
-            )
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-        from transformers import set_seed
-
-        if getattr(model, "is_loaded_in_4bit", False):
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(use_gradient_checkpointing))
-        set_seed(random_state)  # as Unsloth's random_state: the LoRA A matrices start from the recipe's seed
-        return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
+    if getattr(model, "is_loaded_in_4bit", False):
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(use_gradient_checkpointing))
+    set_seed(random_state)  # as Unsloth's random_state: the LoRA A matrices start from the recipe's seed
+    return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
 
 
 def _unsloth_load(**kwargs):
-    from unsloth import FastLanguageModel as Unsloth  # lazy: Unsloth cannot import without a GPU
+    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
 
     if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
         kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
-    model, tokenizer = Unsloth.from_pretrained(**kwargs)
+    model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
     tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     return model, tokenizer
 

@@ -223,8 +223,8 @@ def test_grpo_kit_train_imports_unsloth_before_trl_transformers_and_peft(tiny_mo
 
 
 def test_fast_language_model_without_a_dtype_lets_unsloth_pick_as_unsloths_own_does(fake_unsloth):
-    models.FastLanguageModel.from_pretrained("some/model")
-    models.FastLanguageModel.from_pretrained("some/model", dtype="auto")
+    models.load_base_model("some/model")
+    models.load_base_model("some/model", dtype="auto")
     assert [load["dtype"] for load in fake_unsloth.loads] == [None, None]
 
 
