@@ -2,7 +2,7 @@
 
 Writes, in a temporary folder, a base with the 8B's 128256 x 4096 embedding and one 14336 x 4096 MLP weight (random,
 bfloat16), a rank-32 LoRA on that MLP weight, and their correct merge (bfloat16); then, in a fresh process, runs the
-kit's check (``grpo_kit.export.check_weights``, as ``grpo-kit export --format merged16`` does) and prints its time and
+kit's check (``grpo_kit.verify.check_weights``, as ``grpo-kit export --format merged16`` does) and prints its time and
 peak resident memory. The last line is ``peak_rss_over_baseline_gib=X``: the process's peak RSS minus its RSS just
 before the check (the imports). A free Colab VM has ~12.7 GB of RAM in all.
 
@@ -69,7 +69,7 @@ def memory_gib(field: str) -> float:
 
 def check(root: Path) -> None:
     """In its own process: the check, its time and its peak RSS over the RSS before it."""
-    from grpo_kit.export import check_weights
+    from grpo_kit.verify import check_weights
 
     baseline = memory_gib("VmRSS")
     start = time.perf_counter()

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/export_weight_errors.py [--std 0.05]
 
 A random LoRA (B ~ N(0, std), r=4, alpha=8, all projections) on the embedded SmolLM2-135M is merged with PEFT and
-stored as bf16 and fp16 safetensors (checked with ``grpo_kit.export.check_weights``), and each merged matrix is
+stored as bf16 and fp16 safetensors (checked with ``grpo_kit.verify.check_weights``), and each merged matrix is
 rounded through GGUF's q8_0 (gguf-py's reference quantizer, llama.cpp's block format), whose worst error is printed
 beside ``grpo_kit.gguf_files.WEIGHT_RTOL``'s limit.
 """
@@ -26,9 +26,9 @@ def main() -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.export import check_weights
     from grpo_kit.gguf_files import WEIGHT_RTOL
     from grpo_kit.models import embedded_model_path
+    from grpo_kit.verify import check_weights
 
     base = Path(embedded_model_path())
     work = Path(tempfile.mkdtemp(prefix="export-weights-"))

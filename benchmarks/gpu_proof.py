@@ -834,7 +834,7 @@ def _train_and_measure(run: Run, preset, spec: dict) -> dict:
     row = step_figures(result, timer, preset)
     if run.kind == "export":
         _free_gpu()  # the trainer and its optimizer state are gone; give their memory back before the reload
-        from grpo_kit.export import lora_effect
+        from grpo_kit.verify import lora_effect
 
         if lora_effect(result.adapter_dir):
             row["exports"] = _export(result.adapter_dir, out, base_model=preset.model.model_name_or_path)[0]
@@ -850,8 +850,8 @@ def _learn(run: Run, preset, spec: dict) -> dict:
     from grpo_kit import runs
     from grpo_kit.data import load_gsm8k
     from grpo_kit.evaluate import evaluate_before_after, paired_difference
-    from grpo_kit.export import lora_effect
     from grpo_kit.train import train
+    from grpo_kit.verify import lora_effect
 
     out = Path(spec["out"]) / "runs" / run.name
     timer = make_timer(stop_at=spec["deadline"] - learn_reserve() if spec.get("deadline") else None)

@@ -4,7 +4,7 @@ Unsloth (a GPU) makes the merged and GGUF exports: ``save_pretrained_merged`` (u
 an 8B model's 16-bit copy never has to fit in a T4 or in Colab's RAM) and ``save_pretrained_gguf`` (llama.cpp; one
 merge for all the types), in a child process (``python -m grpo_kit.gguf_files SPEC``): importing Unsloth patches
 transformers' forwards for the whole process, and the checks must run on plain transformers. ``gguf_tensors`` reads a
-GGUF file back for ``export.check_weights``. NOT RUN ON A GPU: the tests use a stand-in ``unsloth``.
+GGUF file back for ``verify.check_weights``. NOT RUN ON A GPU: the tests use a stand-in ``unsloth``.
 """
 
 from __future__ import annotations

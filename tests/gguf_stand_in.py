@@ -1,7 +1,7 @@
 """A stand-in for llama.cpp's converter in tests: a llama model's tensors as a GGUF file (f16 or q8_0), no tokenizer.
 
 llama.cpp (through Unsloth, on a GPU) writes the real files; the tests need true GGUF files of a merged tiny model for
-``grpo_kit.export.check_weights`` to read back. What matters to that check is here: llama's tensor names, the q/k rows
+``grpo_kit.verify.check_weights`` to read back. What matters to that check is here: llama's tensor names, the q/k rows
 in llama.cpp's interleaved rotary order (transformers' GGUF reader undoes it), and ``general.file_type``.
 """
 

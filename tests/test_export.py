@@ -16,8 +16,9 @@ import grpo_kit.gguf_files as gguf_module
 from grpo_kit.cli import main
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.evaluate import EvalResult
-from grpo_kit.export import check_tensors, export, push_folder
+from grpo_kit.export import export, push_folder
 from grpo_kit.runs import Run
+from grpo_kit.verify import ExportResult, check_tensors, lora_effect
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 FAKE_TOKEN = "hf_FAKEtoken0123456789abcdefSECRET"
@@ -71,7 +72,6 @@ def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from grpo_kit.export import lora_effect
 
     assert lora_effect(make_adapter(tiny_model_dir, tmp_path / "untrained", std=0.0)) == 0.0  # every lora_B 0
     adapter = make_adapter(tiny_model_dir, tmp_path / "trained")
@@ -353,7 +353,6 @@ def test_the_space_check_counts_every_file_of_the_notebooks_8b_export_once():
 
 def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path):
     """export.json, notebook 05's table and the GPU proof's rows all come from ``ExportResult.to_dict``."""
-    from grpo_kit.export import ExportResult
 
     result = ExportResult("lora", tmp_path / "x" / "lora", "PEFT adapter", 0.0, 5e-4, 0.0, 2.5)
     assert json.loads(json.dumps(result.to_dict(relative_to=tmp_path / "x")))["path"] == "lora"

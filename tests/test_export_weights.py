@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.export import check_weights, lora_deltas
+from grpo_kit.verify import check_weights, lora_deltas
 
 
 def _merge(base_dir, adapter_dir, out, *, with_lora=True, dtype=torch.bfloat16):
@@ -82,9 +82,9 @@ def test_the_check_reads_blocks_of_rows_and_names_a_tensor_with_one_wrong_row(
 ):
     """Blocks of 1024 values (the 49152 x 32 embedding in 1536 blocks, a 32 x 64 MLP weight in 2): one row off in the
     last block of a LoRA-adapted tensor is named; no weight matrix is read whole (the LoRA factors, rank 4, are)."""
-    import grpo_kit.export as export
+    import grpo_kit.verify as verify
 
-    monkeypatch.setattr(export, "BLOCK_VALUES", 1024)
+    monkeypatch.setattr(verify, "BLOCK_VALUES", 1024)
     _merge(tiny_model_dir, adapter, tmp_path / "merged")
     path = tmp_path / "merged" / "model.safetensors"
     tensors = load_file(str(path))
@@ -92,9 +92,9 @@ def test_the_check_reads_blocks_of_rows_and_names_a_tensor_with_one_wrong_row(
     tensors[name][-1] += 0.1 * float(tensors[name].abs().max())
     save_file(tensors, str(path), metadata={"format": "pt"})
     reads = []
-    original = export._Stored.__getitem__
+    original = verify._Stored.__getitem__
     monkeypatch.setattr(
-        export._Stored, "__getitem__", lambda self, rows: reads.append((self.shape, rows)) or original(self, rows)
+        verify._Stored, "__getitem__", lambda self, rows: reads.append((self.shape, rows)) or original(self, rows)
     )
     with pytest.raises(GrpoKitError, match=f"{name}: max \\|d\\| .* exceeds the limit") as error:
         check_weights("merged16", tmp_path / "merged", tiny_model_dir, adapter, "bfloat16")

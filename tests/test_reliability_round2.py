@@ -64,7 +64,7 @@ def _poison(adapter_dir, value=NAN):
 
 @pytest.mark.parametrize("bad", [NAN, INF, -INF])
 def test_non_finite_exported_weights_fail_verification(bad, tmp_path):
-    from grpo_kit.export import check_tensors
+    from grpo_kit.verify import check_tensors
 
     tuned, base = torch.randn(2, 5), torch.randn(2, 5)
     candidate = tuned.clone()
@@ -74,7 +74,7 @@ def test_non_finite_exported_weights_fail_verification(bad, tmp_path):
 
 
 def test_nan_reference_fails_verification_even_when_the_export_matches_it(tmp_path):
-    from grpo_kit.export import check_tensors
+    from grpo_kit.verify import check_tensors
 
     tuned = torch.full((2, 5), NAN)
     with pytest.raises(GrpoKitError, match="NaN/inf"):
