@@ -126,7 +126,8 @@ def main(argv=None) -> int:
 
     from grpo_kit.config import load_recipe, parse_set
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate_before_after, paired_difference
+    from grpo_kit.evaluate import evaluate_before_after
+    from grpo_kit.stats import paired_difference
     from grpo_kit.train import train
 
     preset = load_recipe("cpu-answers", **parse_set(args.set), **({"max_steps": args.steps} if args.steps else {}))

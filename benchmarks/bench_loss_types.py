@@ -74,7 +74,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["GRPO_KIT_THREADS"] = str(args.threads)
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import paired_difference, wilson
+    from grpo_kit.stats import paired_difference, wilson
 
     names = [n.strip() for n in args.variants.split(",") if n.strip()]
     questions = load_gsm8k("arithmetic", split="test", limit=args.questions, seed=0)

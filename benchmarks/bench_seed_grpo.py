@@ -69,7 +69,7 @@ def main(argv=None) -> int:
 
     from grpo_kit.config import load_recipe
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import paired_difference, wilson
+    from grpo_kit.stats import paired_difference, wilson
     from grpo_kit.train import train
 
     out = Path(args.out or tempfile.mkdtemp(prefix="bench-seed-grpo-"))

@@ -849,7 +849,8 @@ def _learn(run: Run, preset, spec: dict) -> dict:
     on ``spec["questions"]`` held-out questions, ``grpo-kit export --format lora,merged16 --check-answers N``."""
     from grpo_kit import runs
     from grpo_kit.data import load_gsm8k
-    from grpo_kit.evaluate import evaluate_before_after, paired_difference
+    from grpo_kit.evaluate import evaluate_before_after
+    from grpo_kit.stats import paired_difference
     from grpo_kit.train import train
     from grpo_kit.verify import lora_effect
 

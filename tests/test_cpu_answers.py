@@ -12,7 +12,7 @@ import pytest
 from grpo_kit.config import load_recipe
 from grpo_kit.data import arithmetic_key, load_gsm8k, make_arithmetic_dataset
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.evaluate import mcnemar_exact, paired_difference, wilson
+from grpo_kit.stats import mcnemar_exact, paired_difference, wilson
 
 _BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cpu_answers.py"
 

@@ -72,7 +72,6 @@ def test_lora_effect_is_how_far_merging_moves_a_weight(tmp_path, tiny_model_dir,
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-
     assert lora_effect(make_adapter(tiny_model_dir, tmp_path / "untrained", std=0.0)) == 0.0  # every lora_B 0
     adapter = make_adapter(tiny_model_dir, tmp_path / "trained")
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
