@@ -80,9 +80,10 @@ def gap(steps: int, questions: int) -> None:
 
     from grpo_kit.config import load_recipe
     from grpo_kit.data import load_gsm8k
+    from grpo_kit.embedded import EMBEDDED_4BIT_ID
     from grpo_kit.evaluate import build_prompts, evaluate
     from grpo_kit.export import export
-    from grpo_kit.models import EMBEDDED_4BIT_ID, load_inference_model
+    from grpo_kit.models import load_inference_model
     from grpo_kit.stats import paired_difference
     from grpo_kit.train import train
 

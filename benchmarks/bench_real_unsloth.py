@@ -45,7 +45,8 @@ def child(config: str, model_name: str, steps: int) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, TrainerCallback
 
-    from grpo_kit.models import embedded_model_path, ensure_logprob_kernel, set_torch_threads
+    from grpo_kit.embedded import embedded_model_path
+    from grpo_kit.models import ensure_logprob_kernel, set_torch_threads
 
     imported = time.perf_counter() - start
     set_torch_threads()

@@ -57,7 +57,8 @@ def run_plain_trl(preset, workdir: Path) -> list[float]:
     from trl import GRPOTrainer, get_peft_config
 
     from grpo_kit.data import format_for_grpo, load_gsm8k
-    from grpo_kit.models import embedded_model_path, ensure_logprob_kernel
+    from grpo_kit.embedded import embedded_model_path
+    from grpo_kit.models import ensure_logprob_kernel
     from grpo_kit.rewards import reward_functions
 
     ensure_logprob_kernel()  # a plain TRL 1.15 script fails on any CPU without it (grpo_kit/models.py)

@@ -90,7 +90,7 @@ def write_layers(root: Path, layers: int) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from grpo_kit.models import embedded_model_path
+    from grpo_kit.embedded import embedded_model_path
 
     config = LlamaConfig(
         vocab_size=EMBEDDING[0],

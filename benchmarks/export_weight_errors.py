@@ -26,8 +26,8 @@ def main() -> None:
     from peft import LoraConfig, PeftModel, get_peft_model
     from transformers import AutoModelForCausalLM
 
+    from grpo_kit.embedded import embedded_model_path
     from grpo_kit.gguf_files import WEIGHT_RTOL
-    from grpo_kit.models import embedded_model_path
     from grpo_kit.verify import check_weights
 
     base = Path(embedded_model_path())

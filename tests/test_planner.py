@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_kit.config import load_recipe
+from grpo_kit.embedded import EMBEDDED_ID
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.models import EMBEDDED_ID, DeviceInfo
+from grpo_kit.models import DeviceInfo
 from grpo_kit.planner import (
     KNOWN_SHAPES,
     LLAMA_31_8B,
