@@ -188,8 +188,8 @@ PLAIN_PROMPT = {"few_shot": 0, "prefill": "", "system_prompt": None}  # a model 
 class Run:
     """One run folder (``dir``) and what the kit keeps in it (the layout above). ``Run.open`` for training,
     ``Run.of`` for what eval, chat and export are given; ``trained`` is the adapter (or exported model) folder asked
-    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()``
-    (``with contextlib.closing(Run.open(...)) as run:``).
+    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()``; ``callbacks.TrainingRun``
+    adds what its trainer needs (``with TrainingRun.open(...) as run:``).
     """
 
     def __init__(self, folder, *, trained=None, recipe=None, data=None):
