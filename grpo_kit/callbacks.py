@@ -12,7 +12,6 @@ disk is the last good one (``NumericsGuard``), and a run is done only when its a
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import traceback
@@ -21,9 +20,10 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerState
 
+from grpo_kit.doctor import Doctor
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.rewards import METRICS, completion_text
-from grpo_kit.runs import numerics_error, resume_hint
+from grpo_kit.runs import Run, disk_full, numerics_error, resume_hint
 
 
 def is_finite_number(value: Any) -> bool:
@@ -167,39 +167,6 @@ class NumericsGuard(TrainerCallback):
             raise numerics_error(state.global_step, *fatal[0], self.run_dir)
 
 
-@contextlib.contextmanager
-def guard_numerics(trainer, run_dir: str | os.PathLike | None = None):
-    """Around ``trainer.train()``: sampling from NaN/inf weights becomes a ``NumericsError``, and CUDA running out of
-    memory a ``GrpoKitError`` listing the settings that lower memory and the checkpoint to resume from."""
-    import torch
-
-    try:
-        yield
-    except torch.OutOfMemoryError as error:
-        raise GrpoKitError(
-            f"The GPU ran out of memory at step {trainer.state.global_step + 1} ({str(error).splitlines()[0][:160]}). "
-            "A resume may lower what does not change the run: a smaller vLLM share (--set "
-            "vllm_gpu_memory_utilization=0.4) or --set gradient_checkpointing=true. Otherwise train a new run (another "
-            "--output) that needs less: shorter completions (--set max_completion_length=N), fewer completions per "
-            "forward pass (--set per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller "
-            "group (--set num_generations=N), or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the "
-            "estimate (docs/VRAM.md)." + resume_hint(run_dir)
-        ) from error
-    except RuntimeError as error:  # torch.multinomial and friends on NaN/inf probabilities
-        if not any(
-            m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")
-        ):
-            raise
-        raise numerics_error(
-            trainer.state.global_step + 1,
-            "the model's output (sampling probabilities)",
-            "NaN/inf",
-            run_dir,
-            detail=" Weights can overflow while finite: if --resume fails the same way, move "
-            "the newest checkpoint out of the run folder and resume from the one before.",
-        ) from error
-
-
 class ScheduleToMaxSteps(TrainerCallback):
     """On resume, the learning rate of the next step comes from the schedule for *this* run's ``max_steps``.
 
@@ -221,19 +188,62 @@ class ScheduleToMaxSteps(TrainerCallback):
         lr_scheduler._last_lr = rates  # what the Trainer logs as learning_rate
 
 
-class MetricsLogger(TrainerCallback):
-    """The run's record (``runs.Run``): its ``run.json`` as training begins, and its history, the Trainer's
-    ``log_history`` (restored with a checkpoint: what a killed run logged after it is gone), as ``metrics.jsonl`` after
-    each log (the plots and resume read it), each ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one
-    meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch; under SEED-GRPO
-    the sum of what they gave, the scaled sum that trains being ``seed_grpo/reward``."""
+class TrainingRun(Run, TrainerCallback):
+    """A run folder being trained (``TrainingRun.open``, as ``runs.Run.open``), and the trainer callback that records
+    it: its ``run.json`` as training begins, and its history, the Trainer's ``log_history`` (restored with a checkpoint:
+    what a killed run logged after it is gone), as ``metrics.jsonl`` after each log (the plots and resume read it), each
+    ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one meaning of "total reward" in the kit: TRL's
+    weighted sum of the rewards, averaged over the batch; under SEED-GRPO the sum of what they gave, the scaled sum
+    that trains being ``seed_grpo/reward``.
 
-    def __init__(self, run):
-        self.run = run
+    ``GRPOTrainer(callbacks=run.callbacks)`` gets it with the numerics guard, the resumed schedule and the run doctor.
+    ``with TrainingRun.open(...) as run:`` around the trainer, its training and the save releases the lock at the end,
+    and makes CUDA running out of memory, sampling from NaN/inf weights (a ``NumericsError``) and a full disk
+    (``runs.disk_full``) errors that name the settings to change and the checkpoint to resume from.
+    """
+
+    state = None  # the Trainer's state once training began: the step an error stopped at
+
+    @property
+    def callbacks(self):
+        return [self, NumericsGuard(self.dir), ScheduleToMaxSteps(), Doctor(self.dir)]
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, tb):
+        import torch
+
+        self.close()
+        step = self.state.global_step if self.state else self.resumed_from or 0
+        if isinstance(error, torch.OutOfMemoryError):
+            raise GrpoKitError(
+                f"The GPU ran out of memory at step {step + 1} ({str(error).splitlines()[0][:160]}). A resume may "
+                "lower what does not change the run: a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4) or "
+                "--set gradient_checkpointing=true. Otherwise train a new run (another --output) that needs less: "
+                "shorter completions (--set max_completion_length=N), fewer completions per forward pass (--set "
+                "per_device_train_batch_size=1 with a larger gradient_accumulation_steps), a smaller group (--set "
+                "num_generations=N), or a smaller recipe/model; `grpo-kit presets --plan NAME` shows the estimate "
+                "(docs/VRAM.md)." + resume_hint(self.dir)
+            ) from error
+        if isinstance(error, RuntimeError) and any(  # torch.multinomial and friends on NaN/inf probabilities
+            m in str(error).lower() for m in ("probability tensor contains either", "contains nan", "contains inf")
+        ):
+            raise numerics_error(
+                step + 1,
+                "the model's output (sampling probabilities)",
+                "NaN/inf",
+                self.dir,
+                detail=" Weights can overflow while finite: if --resume fails the same way, move "
+                "the newest checkpoint out of the run folder and resume from the one before.",
+            ) from error
+        if error and (full := disk_full(error, self.dir, step)):
+            raise full from None
 
     def on_train_begin(self, args, state, control, **kwargs):
+        self.state = state
         if state.is_world_process_zero:
-            self.run.record()
+            self.record()
             self.on_log(args, state, control)  # a resumed run's history as far as its checkpoint
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -251,7 +261,7 @@ class MetricsLogger(TrainerCallback):
                 if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
                     row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
                 rows.append(row)
-        self.run.write_history(rows)
+        self.write_history(rows)
 
 
 def _excerpt(text: str, length: int = 80) -> str:

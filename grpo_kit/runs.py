@@ -188,14 +188,14 @@ PLAIN_PROMPT = {"few_shot": 0, "prefill": "", "system_prompt": None}  # a model 
 class Run:
     """One run folder (``dir``) and what the kit keeps in it (the layout above). ``Run.open`` for training,
     ``Run.of`` for what eval, chat and export are given; ``trained`` is the adapter (or exported model) folder asked
-    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()``
-    (``with contextlib.closing(Run.open(...)) as run:``).
+    about, else ``dir/adapter``. A training run holds the folder's lock until ``close()``; ``callbacks.TrainingRun``
+    adds what its trainer needs (``with TrainingRun.open(...) as run:``).
     """
 
     def __init__(self, folder, *, trained=None, recipe=None, data=None):
         self.dir, self.recipe, self.data = Path(folder), recipe, data
         self.trained = Path(trained) if trained else self.dir / "adapter"
-        self.metrics_path = self.dir / "metrics.jsonl"  # the history: one JSON line per log (callbacks.MetricsLogger)
+        self.metrics_path = self.dir / "metrics.jsonl"  # the history: one JSON line per log (callbacks.TrainingRun)
         self.checkpoint = None  # the complete checkpoint training resumes from (trainer.train takes it)
         self._lock = None  # a FileLock while training
 
@@ -382,7 +382,7 @@ class Run:
             )
 
     def record(self):
-        """Write ``run.json`` atomically, as training begins (``callbacks.MetricsLogger``): the recipe's values as set
+        """Write ``run.json`` atomically, as training begins (``callbacks.TrainingRun``): the recipe's values as set
         (secrets masked; a Python reward by its name), data, rewards, versions, and the step a resumed run continued
         from (its learning rate then follows the schedule for this ``max_steps``)."""
         from importlib.metadata import version

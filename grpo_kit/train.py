@@ -11,7 +11,6 @@ and reward wrappers, ``metrics.jsonl`` and the numeric and reward guards (``call
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -85,16 +84,8 @@ def train(
     from accelerate import PartialState
 
     from grpo_kit import models
-    from grpo_kit.callbacks import (
-        MetricsLogger,
-        NumericsGuard,
-        ScheduleToMaxSteps,
-        check_rewards,
-        guard_numerics,
-        guard_rewards,
-    )
+    from grpo_kit.callbacks import TrainingRun, check_rewards, guard_rewards
     from grpo_kit.data import check_dataset_size, format_for_grpo, load_gsm8k
-    from grpo_kit.doctor import Doctor
     from grpo_kit.planner import check_device
     from grpo_kit.rewards import reward_functions, seed_grpo
 
@@ -132,8 +123,9 @@ def train(
     check_dataset_size(len(train_set), config, source=label, filtered=n_long, max_prompt_tokens=kit.max_prompt_length)
     check_rewards(funcs, train_set[0], tokenizer)  # a reward that raises or returns NaN: told now, not after loading
     is_main = config.process_index == 0
-    # a resume must be the run its run.json records; a folder that holds no run is refused untouched
-    with contextlib.closing(runs.Run.open(run_dir, recipe=recipe, data=source, resume=resume, is_main=is_main)) as run:
+    # a resume must be the run its run.json records; a folder that holds no run is refused untouched. Until the
+    # adapter is saved, running out of GPU memory or disk and NaN/inf sampling are errors that say what to do.
+    with TrainingRun.open(run_dir, recipe=recipe, data=source, resume=resume, is_main=is_main) as run:
         PartialState().wait_for_everyone()  # every process has checked the run folder before any process writes in it
         if run.finished:  # the Trainer would run one step more
             return _result(run, run.restore_adapter(is_main), run.resumed_from, 0.0, already_finished=True)
@@ -141,27 +133,22 @@ def train(
         # --- Model: Unsloth's FastLanguageModel on a GPU, transformers + PEFT otherwise; LoRA either way
         policy, tokenizer = models.load_model(recipe)
 
-        # --- The trainer: rewards wrapped so an exception or NaN names the reward; callbacks record the run (run.json
-        # as training begins, metrics.jsonl: what a resumed checkpoint logged after its step is cut) and guard it
+        # --- The trainer: rewards wrapped so an exception or NaN names the reward; the run's callbacks record it
+        # (run.json as training begins, metrics.jsonl: what a resumed checkpoint logged after its step is cut) and
+        # guard it (NaN/inf loss, grad_norm or reward: a clear error naming the step)
         trainer = trl.GRPOTrainer(
             model=policy,
             reward_funcs=guard_rewards(funcs, run_dir),
             args=config,
             train_dataset=train_set,
             processing_class=tokenizer,
-            callbacks=[MetricsLogger(run), NumericsGuard(run_dir), ScheduleToMaxSteps(), Doctor(run_dir), *callbacks],
+            callbacks=[*run.callbacks, *callbacks],
         )
         start = time.time()
-        try:
-            with guard_numerics(trainer, run_dir):  # NaN/inf loss, grad_norm or reward: a clear error naming the step
-                trainer.train(resume_from_checkpoint=run.checkpoint)
-            seconds = time.time() - start
-            # --- Save: the adapter is written atomically and must be finite before the run counts as done
-            adapter_dir = run.save_adapter(trainer)
-        except Exception as error:  # a full disk: one line, what is intact and how to go on
-            if full := runs.disk_full(error, run_dir, trainer.state.global_step):
-                raise full from None
-            raise
+        trainer.train(resume_from_checkpoint=run.checkpoint)
+        seconds = time.time() - start
+        # --- Save: the adapter is written atomically and must be finite before the run counts as done
+        adapter_dir = run.save_adapter(trainer)
     return _result(run, adapter_dir, trainer.state.global_step, seconds)
 
 

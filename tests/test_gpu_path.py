@@ -250,7 +250,7 @@ def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(
     namespace: dict = {}
     for cell in ("c04", "c04b", "c06"):
         exec(compile(cells[cell], cell, "exec"), namespace)
-    assert namespace["CPU_RUN"] == {} and namespace["TIER"] == "t4-16gb"
+    assert namespace["TIER"] == "t4-16gb" and namespace["recipe"].name == "t4-16gb"  # the CPU/CI cell left it
     peft = []
     unsloth = sys.modules["unsloth"].FastLanguageModel  # imported by the values cell, before TRL's classes are used
     monkeypatch.setattr(
@@ -268,7 +268,9 @@ def test_notebook_00_on_a_t4_loads_its_written_out_values_through_unsloth(
     assert peft[0]["r"] == 32 and peft[0]["use_gradient_checkpointing"] == "unsloth"
     import trl
 
-    assert namespace["config"].use_vllm is True and type(namespace["config"]) is trl.GRPOConfig  # Unsloth's, patched in
+    assert (
+        namespace["recipe"].grpo.use_vllm is True and type(namespace["recipe"].grpo) is trl.GRPOConfig
+    )  # Unsloth's, patched in
 
 
 # -------------------------------------------------------------------------------------------- 5. tuned model on vLLM

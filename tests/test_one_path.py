@@ -157,9 +157,9 @@ def test_each_model_choice_on_a_t4_fits_the_card(monkeypatch, tmp_path):
 
 def test_notebook_00_on_a_cpu_runs_the_recipe_that_learns_unless_ci_asks_for_smoke_sizes(monkeypatch):
     monkeypatch.delenv("GRPO_KIT_RECIPE", raising=False)
-    assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "cpu"
+    assert notebook_00("c04", "c04b")["TIER"] == "cpu"
     monkeypatch.setenv("GRPO_KIT_RECIPE", SMOKE)
-    assert notebook_00("c04", "c04b")["CPU_RUN"]["name"] == "smoke"
+    assert notebook_00("c04", "c04b")["TIER"] == SMOKE
 
 
 @pytest.mark.parametrize(("recipe", "budget"), [("cpu", 341), ("t4-16gb", 120)])  # about half the prompts fit
@@ -190,9 +190,12 @@ def test_notebook_00_names_the_choices_when_the_tier_or_model_is_not_one_of_them
 
     monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
     settings = notebook_00("c04")
-    for wrong in ({"TIER": "t4"}, {"TIER": "t4-16gb", "MODEL": "llama"}):
-        with pytest.raises(ValueError, match=r"choose TIER from \['rtx-8gb', .*MODEL from \['auto', 'Llama-3.1-8B'"):
-            notebook_00("c06", **{**settings, "CPU_RUN": {}, **wrong})
+    from grpo_kit.errors import GrpoKitError
+
+    with pytest.raises(GrpoKitError, match=r"Unknown recipe 't4'. Shipped: .*t4-16gb"):
+        notebook_00("c06", **{**settings, "TIER": "t4"})
+    with pytest.raises(ValueError, match=r"MODEL 'llama': choose from \['auto', 'Llama-3.1-8B'"):
+        notebook_00("c06", **{**settings, "TIER": "t4-16gb", "MODEL": "llama"})
 
 
 # ------------------------------------------------------------------------------------------------ notebook 00's group
@@ -225,7 +228,17 @@ def test_notebook_00_shows_one_group_with_its_rewards_and_advantages(monkeypatch
         for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]
     }
     namespace = vars(kernel)
-    for cell_id in ("c04", "c04b", "c06", "c08", "c10", "c12a", "c12", "c14h"):  # settings to rewards, then the group
+    for cell_id in (
+        "c04",
+        "c04b",
+        "c06",
+        "c08",
+        "c10",
+        "c12a",
+        "c12",
+        "c13c",
+        "c14h",
+    ):  # settings to rewards, then the group
         exec(compile(cells[cell_id], f"notebook 00, cell {cell_id}", "exec"), namespace)
     rows, zero_std = group_table(capsys.readouterr().out)
     assert len(rows) == namespace["config"].num_generations == 8
@@ -234,3 +247,40 @@ def test_notebook_00_shows_one_group_with_its_rewards_and_advantages(monkeypatch
     assert all((r1 - r2) * (a1 - a2) >= 0 for r1, a1 in rows for r2, a2 in rows)  # a higher reward, a higher advantage
     assert zero_std == float(len(set(rewards)) == 1)
     assert zero_std == 0.0 or set(advantages) == {0.0}
+
+
+def test_notebook_00s_literal_grpo_config_is_the_t4_recipe(monkeypatch, tmp_path):
+    """Every keyword of the GRPOConfig(...) call written out in notebook 00 is the value recipes/t4-16gb.yaml resolves
+    to, and every GRPOConfig field the file sets is written out; built with TRL, it is the recipe's GRPOConfig."""
+    import ast
+
+    import grpo_kit.colab
+    from grpo_kit.config import load_recipe
+
+    monkeypatch.setattr(grpo_kit.colab, "workspace", lambda: tmp_path)
+    cells = {
+        c["id"]: "".join(c["source"])
+        for c in json.loads((NOTEBOOKS / "00_train_grpo_colab.ipynb").read_text())["cells"]
+    }
+    (call,) = [
+        node
+        for node in ast.walk(ast.parse(cells["c13c"]))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "GRPOConfig"
+    ]
+    written = {kw.arg: kw.value for kw in call.keywords}
+    run = notebook_00("c06", **{**notebook_00("c04"), "TIER": "t4-16gb"})
+    expressions = {"output_dir": run["run_dir"], "run_name": run["run_dir"].name}  # the run folder's, per run
+    t4 = load_recipe("t4-16gb", output_dir=str(run["run_dir"]), run_name=run["run_dir"].name)
+    values = {}
+    for key, node in written.items():
+        if key == "reward_weights":  # the recipe's weights, and 1.0 for the notebook's own reward (cell c12)
+            assert ast.unparse(node) == "recipe.grpo.reward_weights"
+            values[key] = t4.grpo.reward_weights
+        elif key in expressions:
+            values[key] = eval(compile(ast.Expression(node), "c13c", "eval"), {"run_dir": run["run_dir"], "str": str})
+        else:
+            values[key] = ast.literal_eval(node)
+        assert values[key] == getattr(t4.grpo, key), key
+    assert {k for k in t4.values if hasattr(t4.grpo, k)} - set(written) == set()  # none of the file's left out
+    built = trl.GRPOConfig(**values, use_cpu=True)  # this machine's only kit default: no CUDA
+    assert built.to_dict() == t4.grpo.to_dict()

@@ -15,8 +15,8 @@ from tiny_cli import tiny_recipe, varied
 from grpo_kit.callbacks import (
     GuardedReward,
     NumericsGuard,
+    TrainingRun,
     check_rewards,
-    guard_numerics,
     guard_rewards,
     is_finite_number,
     non_finite,
@@ -152,14 +152,20 @@ def test_a_reward_that_raises_is_named_with_its_step_and_traceback_file(tmp_path
     )
 
 
+def _training(run_dir, step) -> TrainingRun:
+    """A run whose trainer is at ``step`` (its state, as the run's callback keeps it once training began)."""
+    run = TrainingRun(run_dir)
+    run.state = _state(step)
+    return run
+
+
 def test_sampling_errors_from_broken_weights_become_numerics_errors(tmp_path):
-    trainer = SimpleNamespace(state=_state(8))
     with pytest.raises(NumericsError, match="at step 9") as info:
-        with guard_numerics(trainer, tmp_path):
+        with _training(tmp_path, 8):
             raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
     assert isinstance(info.value.__cause__, RuntimeError)
     with pytest.raises(RuntimeError, match="unrelated"):  # other errors keep their traceback
-        with guard_numerics(trainer, tmp_path):
+        with _training(tmp_path, 8):
             raise RuntimeError("unrelated")
 
 
@@ -167,9 +173,8 @@ def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path, 
     import torch
 
     fake_checkpoint(tmp_path, 20)
-    trainer = SimpleNamespace(state=_state(23))
     with pytest.raises(GrpoKitError) as info:
-        with guard_numerics(trainer, tmp_path):
+        with _training(tmp_path, 23):
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
     message = str(info.value)
     assert not isinstance(info.value, NumericsError)

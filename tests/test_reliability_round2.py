@@ -19,7 +19,7 @@ import torch
 from filelock import FileLock
 from tiny_cli import SIGNAL, TINY_SETTINGS, recorded_values, tiny_recipe, tiny_train_args, varied
 
-from grpo_kit.callbacks import MetricsLogger
+from grpo_kit.callbacks import TrainingRun
 from grpo_kit.cli import main
 from grpo_kit.config import load_recipe
 from grpo_kit.errors import GrpoKitError
@@ -175,7 +175,7 @@ def test_metrics_never_get_nan_or_infinity_tokens(tmp_path):
     from types import SimpleNamespace
 
     path = tmp_path / "metrics.jsonl"
-    logger = MetricsLogger(Run(tmp_path))
+    logger = TrainingRun(tmp_path)
     state = SimpleNamespace(is_world_process_zero=True, log_history=[])
     for step, loss in ((1, 0.5), (2, INF), (3, NAN)):  # as the Trainer logs: into log_history, then on_log
         state.log_history.append({"loss": loss, "learning_rate": INF, "step": step})

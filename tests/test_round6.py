@@ -76,7 +76,7 @@ def test_notebook_00_on_a_cpu_says_what_it_replaces_and_keeps_what_it_can(monkey
     assert edited["run_dir"] == tmp_path / "elsewhere" and edited["recipe"].grpo.output_dir == str(edited["run_dir"])
     plain = _settings(monkeypatch, tmp_path)  # nothing edited: the CPU's own choices, said in one line
     assert (plain["DATA"], plain["EVAL_QUESTIONS"], plain["FORMATS"]) == ("sample", 8, ("lora",))
-    assert "On this CPU: DATA = 'sample', EVAL_QUESTIONS = 8" in capsys.readouterr().out
+    assert "DATA = 'sample', EVAL_QUESTIONS = 8, FORMATS = ('lora',)" in capsys.readouterr().out
     assert plain["run_dir"] == tmp_path / "runs" / "cpu-colab"
 
 

@@ -52,13 +52,13 @@ def test_latest_checkpoint_none_when_empty(tmp_path):
 def test_a_resumed_runs_metrics_are_its_checkpoints_history(tmp_path):
     from types import SimpleNamespace
 
-    from grpo_kit.callbacks import MetricsLogger
+    from grpo_kit.callbacks import TrainingRun
 
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "reward": s / 10}) + "\n" for s in range(1, 6)) + '{"step": 6, "rew')
     assert [row["step"] for row in read_metrics(path)] == [1, 2, 3, 4, 5]  # a killed run's torn last line: ignored
     restored = [{"rewards/correctness/mean": s / 10, "step": s} for s in range(1, 4)]  # checkpoint-3's log_history
-    MetricsLogger(Run(tmp_path)).on_log(None, SimpleNamespace(is_world_process_zero=True, log_history=restored), None)
+    TrainingRun(tmp_path).on_log(None, SimpleNamespace(is_world_process_zero=True, log_history=restored), None)
     assert read_metrics(path) == [{"step": s, "reward/correctness": s / 10} for s in range(1, 4)]
 
 
