@@ -205,7 +205,7 @@ def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
 
     What each reward gave is logged as without SEED-GRPO (``rewards/<name>/mean``, its column of TRL's completions
     table, and their weighted sum ``reward_unscaled``); what trains is TRL's ``seed_grpo/<name>`` and ``reward``
-    (``MetricsLogger`` writes these two totals as ``reward`` and ``seed_grpo/reward``)."""
+    (``callbacks.TrainingRun`` writes these two totals as ``reward`` and ``seed_grpo/reward``)."""
     from trl.trainer.utils import get_callable_name  # the name TRL logs a reward under
 
     alpha, trained = recipe.kit.seed_grpo_alpha, sum(1 for _, weight in recipe.rewards if weight)
