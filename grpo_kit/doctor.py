@@ -18,6 +18,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_kit.files import atomic_write_text
+
 #: Logged steps in a row a condition must hold before it is a finding; the flat-reward check compares two windows.
 PATIENCE, WINDOW = 3, 10
 #: Entropy collapsing: the mean token entropy below this share of the run's first logged value (make demo's normal
@@ -156,6 +158,18 @@ class Doctor(TrainerCallback):
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
         self.run_dir, self.said = run_dir and Path(run_dir), set()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A resumed run: what was said up to its checkpoint is not said again (its history's findings and
+        ``doctor.jsonl``'s rows to that step); rows said after the checkpoint go, as the Trainer drops those steps."""
+        self.said = set(check(state.log_history, beta=args.beta))
+        path = self.run_dir and self.run_dir / "doctor.jsonl"
+        if state.is_world_process_zero and path and path.exists():
+            rows = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+            kept = [line for line in rows if json.loads(line)["step"] <= state.global_step]
+            if kept != rows:
+                atomic_write_text(path, "".join(line + "\n" for line in kept))
+            self.said |= {json.loads(line)["check"] for line in kept}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if not state.is_world_process_zero or "reward" not in (logs or {}):

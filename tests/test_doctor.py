@@ -78,6 +78,10 @@ def test_a_reward_that_scores_every_completion_alike_is_found_and_the_doctor_com
     assert "reward: 0.000 -> 0.000" in out and "frac_reward_zero_std: mean 1" in out
     assert f"--resume continues from checkpoint-{PATIENCE}" in out
     assert f"warning at step {PATIENCE}: every group scored alike" in out
+    # Extended by a step: what the first PATIENCE steps showed is not said again.
+    train(recipe.replace(max_steps=PATIENCE + 1), data="sample", output_dir=tmp_path / "run", resume=True)
+    checks = [json.loads(line)["check"] for line in (tmp_path / "run" / "doctor.jsonl").read_text().splitlines()]
+    assert sorted(checks) == sorted(set(checks)) and "doctor: " not in capsys.readouterr().out
 
 
 @pytest.mark.slow
