@@ -182,7 +182,7 @@ def export(
     trained_path = models.resolve_model_id(trained_on)
     tokenizer = models.load_tokenizer(trained_path)
     files.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
-    check_space(base_path, out_dir, name, wanted, gguf_types, by_unsloth=by_unsloth)
+    check_space(base_path, out_dir, name, wanted, gguf_types)
     base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
     if base_dir:
         check_base(adapter_dir, base_dir, trained_on)
@@ -271,13 +271,13 @@ def export(
     return results
 
 
-def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *, by_unsloth: bool) -> None:
+def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types) -> None:
     """Refuse an export that would not fit on the disk of ``out_dir``, before a byte is written, counting every file
     it writes or downloads (``export_sizes``); the message names the biggest item and what to drop. Unknown model
     sizes are not checked."""
     from grpo_kit.colab import check_fits
 
-    sizes = export_sizes(base_path, wanted, gguf_types, by_unsloth=by_unsloth)
+    sizes = export_sizes(base_path, wanted, gguf_types)
     if sizes:
         biggest = max(sizes, key=sizes.get)
         drop = (
@@ -295,14 +295,14 @@ def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types, *,
         )
 
 
-def export_sizes(base_path: str, wanted, gguf_types, *, by_unsloth: bool) -> dict[str, int]:
+def export_sizes(base_path: str, wanted, gguf_types) -> dict[str, int]:
     """Bytes of every file an export of a model like ``base_path`` writes or downloads, by name: the formats, the
     16-bit base its weight check reads (a download unless it is a folder or cached), Unsloth's 16-bit merge when no
     merged16 is kept (GGUF is converted from that one merge) and llama.cpp's 16-bit GGUF before quantizing. Empty when
     the model's size is unknown or nothing is merged (a LoRA alone takes megabytes).
 
     >>> {k: round(v / 1e9, 1) for k, v in export_sizes("unsloth/Meta-Llama-3.1-8B-Instruct", ["lora", "merged16",
-    ...     "gguf"], ["q4_k_m"], by_unsloth=True).items()}  # doctest: +NORMALIZE_WHITESPACE
+    ...     "gguf"], ["q4_k_m"]).items()}  # doctest: +NORMALIZE_WHITESPACE
     {'merged16': 16.1, 'gguf q4_k_m': 4.9, "llama.cpp's 16-bit GGUF before quantizing (removed afterwards)": 16.1,
      'the 16-bit base for the weight check (download to the Hugging Face cache)': 16.1}
     """

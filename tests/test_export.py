@@ -331,7 +331,7 @@ def test_an_export_that_would_not_fit_on_the_disk_is_refused_before_anything_loa
     ):
         export(run_dir / "adapter", ("merged16",), out_dir=tmp_path / "exports", name="tiny")
     assert not any((tmp_path / "exports").iterdir())
-    export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [], by_unsloth=False)  # MBs
+    export_module.check_space(str(run_dir / "adapter"), tmp_path, "small", ("lora",), [])  # MBs
 
 
 def test_the_space_check_counts_every_file_of_the_notebooks_8b_export_once():
@@ -341,13 +341,13 @@ def test_the_space_check_counts_every_file_of_the_notebooks_8b_export_once():
     from grpo_kit.planner import LLAMA_31_8B
 
     model = "unsloth/Meta-Llama-3.1-8B-Instruct"
-    sizes = export_module.export_sizes(model, ("lora", "merged16", "gguf"), ["q4_k_m"], by_unsloth=True)
+    sizes = export_module.export_sizes(model, ("lora", "merged16", "gguf"), ["q4_k_m"])
     half = 2 * LLAMA_31_8B.params
     assert sorted(sizes.values()) == sorted([half, int(0.61 * LLAMA_31_8B.params), half, half])
     assert sum(sizes.values()) < 55e9  # 53.1 GB: the second merge (16 GB) of before is gone
-    alone = export_module.export_sizes(model, ("gguf",), ["q4_k_m"], by_unsloth=True)
+    alone = export_module.export_sizes(model, ("gguf",), ["q4_k_m"])
     assert "merged16" not in alone and sum(alone.values()) == sum(sizes.values())  # Unsloth's merge, removed after
-    assert export_module.export_sizes(model, ("lora",), [], by_unsloth=True) == {}
+    assert export_module.export_sizes(model, ("lora",), []) == {}
 
 
 def test_an_export_result_is_a_json_row_with_its_path_relative_or_whole(tmp_path):
