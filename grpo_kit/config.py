@@ -194,7 +194,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
         if not isinstance(error.__cause__, ImportError):  # load_model names the fix; a wrong backend is refused now
             raise
     parser = _parser(name)
-    known = {a.dest for a in parser._actions}
+    known = {action.dest: action for action in parser._actions}
     unknown = sorted(k for k in values if k not in known)
     if unknown:
         hints = [f"{k} -> {m[0]}" for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.6))]
@@ -216,7 +216,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
     if isinstance(settable.get("reward_funcs"), (list, tuple)):  # Python functions stay in values, parsed by the
         # name TRL logs them under (a lambda: "<lambda>", a functools.partial: its function's, an object: its class)
         settable["reward_funcs"] = [f if isinstance(f, str) else get_callable_name(f) for f in settable["reward_funcs"]]
-    argv = [token for key, value in settable.items() for token in _flag(parser, key, value, name)]
+    argv = [token for key, value in settable.items() for token in _flag(known[key], value, name)]
     try:
         grpo, model, kit = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:  # TRL's and transformers' own checks in GRPOConfig.__post_init__
@@ -238,11 +238,11 @@ def _parser(name: str):
     return Parser((trl.GRPOConfig, trl.ModelConfig, KitArgs))
 
 
-def _flag(parser, key: str, value: Any, name: str) -> list[str]:
-    """``key: value`` as the command-line tokens HfArgumentParser reads; None leaves TRL's default."""
+def _flag(action, value: Any, name: str) -> list[str]:
+    """``value`` of ``action``'s field as the command-line tokens HfArgumentParser reads; None leaves TRL's default."""
+    key = action.dest
     if value is None:
         return []
-    action = next(a for a in parser._actions if a.dest == key)
     if action.nargs == "+":  # a list field: YAML list, "a,b" from --set, or one value (a list of one)
         items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
         return [f"--{key}", *map(_text, items)]
