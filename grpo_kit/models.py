@@ -111,15 +111,8 @@ def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
     shows (``load_base_model`` and ``add_lora`` below), in the precision the run trains in (``bf16``/``fp16``, else
     float32) unless the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported
-    is turned off."""
+    is turned off, or refused in server mode."""
     config, lora = recipe.grpo, recipe.model
-    if config.use_vllm and not recipe.vllm_colocated:  # server mode: TRL's client needs vLLM's own communicator
-        prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
-        if (error := _vllm_import_error()) is not None:
-            raise GrpoKitError(
-                f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
-                "the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
-            )
     # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
     # when the run trains in fp16.
     model, tokenizer = load_base_model(
@@ -160,10 +153,16 @@ def without_missing_vllm(recipe, **changes):
     for Unsloth's colocated vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The
     run then generates with Unsloth/transformers (slower, same recipe), and a resumed run goes on from its checkpoint
     the same. Decided before the model loads and never marked on the model: Unsloth's trainer turns ``use_vllm`` back
-    on for any model that has a ``vllm_engine`` attribute, even ``None``, and TRL then stops with an ImportError."""
-    if recipe.vllm_colocated:
+    on for any model that has a ``vllm_engine`` attribute, even ``None``, and TRL then stops with an ImportError.
+    In server mode vLLM that cannot be imported is an error: TRL's client needs vLLM's own communicator."""
+    if recipe.grpo.use_vllm:
         backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
         if (error := _vllm_import_error()) is not None:
+            if not recipe.vllm_colocated:
+                raise GrpoKitError(
+                    f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
+                    "the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
+                )
             print(
                 f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same "
                 "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
