@@ -218,8 +218,7 @@ def cli_doctor(args) -> int:
     saved = [folder.name for _, folder in runs.checkpoints(run_dir)]
     resume = runs.latest_checkpoint(run_dir) if saved else None
     print(f"checkpoints: {', '.join(saved) or 'none'}; --resume continues from {resume.name if resume else 'step 0'}")
-    beta = (run.info.get("recipe") or {}).get("beta", 0)
-    findings = diagnose(history, beta=beta)
+    findings = diagnose(history, beta=run.recorded.get("beta", 0))
     for found in findings:
         print(f"{found['level']} at step {found['step']}: {found['message']}")
     print("" if any(f["level"] == "warning" for f in findings) else "no warning")

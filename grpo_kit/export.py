@@ -164,7 +164,7 @@ def export(
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or run.name).strip(".-") or "export"
     out_dir, target = Path(out_dir), Path(out_dir) / name
     _check_target(target, overwrite)
-    recipe = run.info.get("recipe") or {}
+    recipe = run.recorded
     prompt = run.prompt  # the prompt it trained with (its run's recipe, or an exported adapter's), for each folder
     trained_on = base_model or run.base_model
     merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model

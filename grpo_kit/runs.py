@@ -345,6 +345,11 @@ class Run:
             )
         return info
 
+    @property
+    def recorded(self):
+        """The recipe values ``run.json`` records (as set, secrets masked), {} without a record."""
+        return self.info.get("recipe") or {}
+
     def _check_record(self):
         """Refuse to resume with values or data (None: not known, a dataset passed to ``train``) other than
         ``run.json`` records, but for ``RESUMABLE``; values are compared as TRL parses them."""
@@ -353,7 +358,7 @@ class Run:
         info, recipe, data = self.info, self.recipe, self.data
         if not info:
             return  # stopped before its record was written: nothing to differ from
-        recorded, changed = info.get("recipe") or {}, []
+        recorded, changed = self.recorded, []
         funcs = list(recipe.kit.reward_funcs)
         if (names := info.get("reward_names", funcs)) != funcs:
             changed.append(f"reward_funcs ({', '.join(names)} -> {', '.join(funcs)})")
@@ -420,7 +425,7 @@ class Run:
     def base_model(self):
         """The model ``trained`` (an adapter) was trained on: its run's recipe ``model_name_or_path``, else the one its
         ``adapter_config.json`` names, if it is on this machine; None for a folder that is no adapter."""
-        if model := (self.info.get("recipe") or {}).get("model_name_or_path"):
+        if model := self.recorded.get("model_name_or_path"):
             return model
         if not (self.trained / "adapter_config.json").is_file():
             return None
@@ -436,7 +441,7 @@ class Run:
     def prompt(self):
         """The ``few_shot``/``prefill``/``system_prompt`` it trained with: its recipe, else the ``prompt.json`` of an
         exported adapter or model; None when neither records it."""
-        recipe = self.info.get("recipe") or {}
+        recipe = self.recorded
         if not recipe and (exported := self.trained / PROMPT_FILE).is_file():
             recipe = json.loads(exported.read_text(encoding="utf-8"))
         return {key: recipe.get(key, default) for key, default in PLAIN_PROMPT.items()} if recipe else None

@@ -178,7 +178,7 @@ def _result(run, adapter_dir: Path, steps: int, seconds: float, *, already_finis
         reward_last=last,
         history=history,
         already_finished=already_finished,
-        findings=diagnose(history, beta=(run.info.get("recipe") or {}).get("beta", 0)),
+        findings=diagnose(history, beta=run.recorded.get("beta", 0)),
     )
 
 
