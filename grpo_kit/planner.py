@@ -199,29 +199,25 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
             f"from_config(AutoConfig.from_pretrained({model_id!r})) in Python (a local model folder "
             "or a model in the Hub cache needs no shape: its config is read)."
         )
-    bits = 4 if recipe.model.load_in_4bit else 16 if (config.bf16 or config.fp16) else 32
-    use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or bool(config.use_vllm)
+    value_bytes = 2 if (config.bf16 or config.fp16) else 4  # weights and activations in the compute dtype
+    bits = 4 if recipe.model.load_in_4bit else 8 * value_bytes
+    use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or config.use_vllm
     card_gib = float(recipe.kit.vram_gb if card_gb is None else card_gb)
     if bits == 4:  # NF4 layer matrices; embeddings and norms stay 16-bit
         weights = shape.linear_params * NF4_BYTES + (shape.params - shape.linear_params) * 2
     else:
         weights = shape.params * bits / 8
     lora_params = lora_param_count(shape, recipe.model.lora_r, recipe.model.lora_target_modules)
-    optimizer_8bit = "8bit" in str(getattr(config.optim, "value", config.optim))  # bitsandbytes: 1 byte per Adam moment
+    optimizer_8bit = "8bit" in config.optim  # bitsandbytes: 1 byte per Adam moment (OptimizerNames is a str enum)
     batch, seq = config.per_device_train_batch_size, recipe.kit.max_prompt_length + config.max_completion_length
-    value_bytes = 2 if (config.bf16 or config.fp16) else 4  # activations in the compute dtype
-    tokens = batch * seq
     # Per token and layer: norm in/out (2h), q/k/v (h + 2kv), attention output (h), MLP norm (h), gate/up (2i),
-    # activation and product (2i): 5h + 2kv + 4i values kept for backward.
+    # activation and product (2i): 5h + 2kv + 4i values kept for backward. Gradient checkpointing keeps each layer's
+    # input (h) and the values of the one layer being recomputed.
     layer_values = 5 * shape.hidden + 2 * shape.dim("kv") + 4 * shape.intermediate
-    if config.gradient_checkpointing:
-        activations = (shape.layers * shape.hidden + layer_values) * tokens * value_bytes
-    else:
-        activations = shape.layers * layer_values * tokens * value_bytes
+    full_layers, inputs = (1, shape.layers * shape.hidden) if config.gradient_checkpointing else (shape.layers, 0)
+    activations = (inputs + full_layers * layer_values) * batch * seq * value_bytes
     if not on_gpu:  # PyTorch's math attention keeps the heads × seq² scores (and their softmax)
-        activations += (
-            (1 if config.gradient_checkpointing else shape.layers) * batch * shape.heads * seq**2 * value_bytes * 2
-        )
+        activations += full_layers * batch * shape.heads * seq**2 * value_bytes * 2
     # Colocated vLLM reserves a share of the card. Unsloth's fast_inference shares the trainer's weights, so only the
     # share beyond them is added; TRL's own colocated vLLM (the transformers backend) loads a second copy.
     share = config.vllm_gpu_memory_utilization * card_gib * GIB if use_vllm else 0.0
