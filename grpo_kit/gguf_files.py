@@ -68,8 +68,8 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     tensor processor undoes llama's q/k row order), or returns None when the file lacks it."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
-    reader = gguf.GGUFReader(str(path))
-    arch_name = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    reader = gguf.GGUFReader(path)
+    arch_name = reader.fields["general.architecture"].contents()
     if (arch := next((a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch_name), None)) is None:
         raise GrpoKitError(f"{path.name} declares architecture '{arch_name}', unknown to this gguf library.")
     processor = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)(config=config)
@@ -172,8 +172,8 @@ def run_unsloth(
     result = json.loads(report.read_text(encoding="utf-8"))
     found = {"merged16": Path(result["merged16"])} if merged16 else {}
     for path in (path for path in map(Path, result["gguf_files"]) if path.is_file()):
-        field = gguf.GGUFReader(str(path)).fields["general.file_type"]  # Unsloth names its files its own way
-        kind = gguf.LlamaFileType(int(field.parts[-1][0])).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
+        file_type = gguf.GGUFReader(path).fields["general.file_type"].contents()  # Unsloth names files its own way
+        kind = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
         found.setdefault(kind, Path(shutil.move(path, scratch / path.name)))  # out of the folders removed next
     for folder in result["folders"]:  # the merged checkpoint and llama.cpp's leftovers (GBs), wherever they went
         if scratch.name in Path(folder).name and Path(folder) != found.get("merged16"):  # merged16 is kept
@@ -191,8 +191,9 @@ def _child(spec: dict) -> None:
     import unsloth  # noqa: F401  before anything imports transformers: it patches its forwards
     from unsloth import FastLanguageModel
 
+    dtype = getattr(torch, half_dtype_name())
     model, tokenizer = FastLanguageModel.from_pretrained(
-        model_name=spec["adapter"], load_in_4bit=spec["load_in_4bit"], dtype=getattr(torch, half_dtype_name())
+        model_name=spec["adapter"], load_in_4bit=spec["load_in_4bit"], dtype=dtype
     )
     report = {"merged16": spec["out"] + "-merged16", "gguf_files": [], "folders": []}
     if spec["merged16"]:  # unsloth_zoo's merge_and_overwrite_lora: each 16-bit shard + LoRA, one at a time
@@ -205,7 +206,7 @@ def _child(spec: dict) -> None:
         gc.collect()
         torch.cuda.empty_cache()
         model, tokenizer = FastLanguageModel.from_pretrained(
-            model_name=report["merged16"], load_in_4bit=True, dtype=getattr(torch, half_dtype_name())
+            model_name=report["merged16"], load_in_4bit=True, dtype=dtype
         )
     if spec["types"]:
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
