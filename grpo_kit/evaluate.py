@@ -187,7 +187,7 @@ def generate(
         inputs = tokenizer(
             list(prompts[start : start + batch_size]), return_tensors="pt", padding=True, padding_side="left"
         )
-        inputs = inputs.to(next(model.parameters()).device)
+        inputs = inputs.to(model.device)
         with torch.no_grad():
             new = model.generate(**inputs, generation_config=config, streamer=streamer)[
                 :, inputs["input_ids"].shape[1] :
@@ -450,13 +450,13 @@ def cli_eval(args) -> int:
     if args.compare:
         base_result, tuned = evaluate_before_after(base, args.adapter, dataset, **options)
         results = {"base": base_result, "tuned": tuned}
-        print(compare(results["base"], results["tuned"]))
+        print(compare(base_result, tuned))  # its last line: the protocol
     else:
         name = "tuned" if args.adapter else "base"
         model, tokenizer = load_inference_model(base, args.adapter)
         results = {name: evaluate(model, tokenizer, dataset, label=name, **options)}
-        print(results[name].summary())
-    print(f"protocol: {next(iter(results.values())).protocol}\nwall time {time.time() - started:.0f} s")
+        print(f"{results[name].summary()}\nprotocol: {results[name].protocol}")
+    print(f"wall time {time.time() - started:.0f} s")
     for name, result in results.items() if out else ():
         print(f"wrote {result.save((base_out or out) if name == 'base' else out)}")
     return 0
