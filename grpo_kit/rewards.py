@@ -93,7 +93,7 @@ def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list
 
     Exact after normalizing (``grpo_kit.answers``): "72.0", "$72", "72 clips", "\\boxed{72}" equal "72"."""
     golds = [column(answer, i) for i in range(len(completions or ()))]
-    golds = [g if isinstance(g, str) else (str(g) if isinstance(g, (int, float)) else None) for g in golds]
+    golds = [str(g) if isinstance(g, (int, float)) else g for g in golds]  # anything else reads as no number
     texts = _texts(completions, prefill)
     return [
         CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0 for t, g in zip(texts, golds, strict=True)
