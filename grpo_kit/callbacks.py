@@ -156,11 +156,11 @@ class NumericsGuard(TrainerCallback):
     def __init__(self, run_dir: str | os.PathLike | None = None):
         self.run_dir, self.bad_grad_norms, self.scaler_settled = run_dir, 0, False
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        bad = non_finite(logs or {})
+    def on_log(self, args, state, control, logs, **kwargs):  # the Trainer passes every log
+        bad = non_finite(logs)
         grad = [item for item in bad if item[0] == "grad_norm"]
         self.bad_grad_norms = self.bad_grad_norms + 1 if grad else 0
-        self.scaler_settled = self.scaler_settled or ("grad_norm" in (logs or {}) and not grad)
+        self.scaler_settled = self.scaler_settled or ("grad_norm" in logs and not grad)
         patience = (3 if self.scaler_settled else self.FP16_START) if args.fp16 else 1
         fatal = [item for item in bad if item[0] != "grad_norm"] + (grad if self.bad_grad_norms >= patience else [])
         if fatal:

@@ -171,8 +171,8 @@ class Doctor(TrainerCallback):
                 atomic_write_text(path, "".join(line + "\n" for line in kept))
             self.said |= {json.loads(line)["check"] for line in kept}
 
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero or "reward" not in (logs or {}):
+    def on_log(self, args, state, control, logs, **kwargs):  # the Trainer passes every log
+        if not state.is_world_process_zero or "reward" not in logs:
             return
         final = state.global_step >= state.max_steps  # the Trainer's log_history: every step, a resumed run's too
         for name, message in check(state.log_history, beta=args.beta, final=final).items():
@@ -184,7 +184,7 @@ class Doctor(TrainerCallback):
             if self.run_dir:
                 with open(self.run_dir / "doctor.jsonl", "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(said) + "\n")
-            if "trackio" in (args.report_to or []):
+            if "trackio" in args.report_to:  # TrainingArguments makes it a list
                 import trackio
 
                 level = trackio.AlertLevel.INFO if said["level"] == "note" else trackio.AlertLevel.WARN
