@@ -54,7 +54,8 @@ ENTROPY = (
 )
 
 
-def _streak(rows: list[dict], test) -> bool:
+def _streak(rows: list, test) -> bool:
+    """True when the last PATIENCE of ``rows`` (logged rows or values) all pass ``test``."""
     return len(rows) >= PATIENCE and all(test(row) for row in rows[-PATIENCE:])
 
 
@@ -117,7 +118,7 @@ def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dic
     if _streak(rows, lambda row: row.get("grad_norm") == 0 and differ(row)):
         found["no-gradient"] = NO_GRADIENT.format(n=PATIENCE)
     entropy = [row["entropy"] for row in rows if isinstance(row.get("entropy"), (int, float))]
-    if len(entropy) >= PATIENCE and all(value < ENTROPY_SHARE * entropy[0] for value in entropy[-PATIENCE:]):
+    if _streak(entropy, lambda value: value < ENTROPY_SHARE * entropy[0]):
         found["entropy"] = ENTROPY.format(first=entropy[0], last=entropy[-1], n=PATIENCE)
     if len(rows) >= 2 * WINDOW and all(map(differ, rows[-WINDOW:])):
         first, last = (sum(row["reward"] for row in part) / WINDOW for part in (rows[:WINDOW], rows[-WINDOW:]))
