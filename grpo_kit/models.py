@@ -72,15 +72,16 @@ def prepare_backend(backend: str) -> str:
     """
     import torch
 
-    cpu_mode = not torch.cuda.is_available() and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
-    if backend == "unsloth" and not torch.cuda.is_available() and not cpu_mode:
+    gpu = torch.cuda.is_available()
+    cpu_mode = not gpu and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
+    if backend == "unsloth" and not gpu and not cpu_mode:
         raise GrpoKitError(
             "backend='unsloth' needs a CUDA GPU (without one Unsloth imports only in its CI mode, which "
             "cannot load a model). On this machine use --set backend=auto or --set backend=transformers "
             "(plain transformers + PEFT)."
         )
     if backend == "auto":
-        backend = "unsloth" if torch.cuda.is_available() or cpu_mode else "transformers"
+        backend = "unsloth" if gpu or cpu_mode else "transformers"
     if backend == "unsloth":
         try:
             import unsloth  # noqa: F401  (the import is the patch)
@@ -140,14 +141,6 @@ def load_model(recipe):
     return model, tokenizer
 
 
-def _vllm_import_error() -> str | None:
-    try:
-        import vllm  # noqa: F401
-    except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
-        return _first_line(error)
-    return None
-
-
 def without_missing_vllm(recipe, **changes):
     """``recipe`` with ``changes``, built once, and ``use_vllm`` off with one "vLLM off:" line saying why where it asks
     for Unsloth's colocated vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The
@@ -157,16 +150,18 @@ def without_missing_vllm(recipe, **changes):
     In server mode vLLM that cannot be imported is an error: TRL's client needs vLLM's own communicator."""
     if recipe.grpo.use_vllm:
         backend = prepare_backend(recipe.kit.backend)  # vLLM imports transformers, which Unsloth patches first
-        if (error := _vllm_import_error()) is not None:
+        try:
+            import vllm  # noqa: F401
+        except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
             if not recipe.vllm_colocated:
                 raise GrpoKitError(
-                    f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({error}). Install "
-                    "the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
-                )
+                    f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({_first_line(error)}). "
+                    "Install the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
+                ) from error
             print(
-                f"vLLM off: it cannot be imported ({error}). Generation uses {backend}'s generate (slower, same "
-                "recipe). To use vLLM, install the vllm wheel built for this torch's CUDA (requirements-colab.txt) "
-                "and restart the runtime.",
+                f"vLLM off: it cannot be imported ({_first_line(error)}). Generation uses {backend}'s generate "
+                "(slower, same recipe). To use vLLM, install the vllm wheel built for this torch's CUDA "
+                "(requirements-colab.txt) and restart the runtime.",
                 flush=True,
             )
             changes["use_vllm"] = False
@@ -210,6 +205,8 @@ def load_base_model(
     if backend == "transformers":  # TRL starts its own vLLM engine where the recipe asks for one
         model, tokenizer = _transformers_load(model_id, name or "float32", load_in_4bit)
     else:  # Unsloth takes a torch dtype (None or "auto": it picks)
+        from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
+
         kwargs = dict(
             model_name=model_id,
             max_seq_length=max_seq_length,
@@ -218,8 +215,10 @@ def load_base_model(
             max_lora_rank=max_lora_rank,
             gpu_memory_utilization=gpu_memory_utilization if fast_inference else 0.5,
         )
+        if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
+            kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
         try:
-            model, tokenizer = _unsloth_load(**kwargs, fast_inference=fast_inference)
+            model, tokenizer = FastLanguageModel.from_pretrained(**kwargs, fast_inference=fast_inference)
         # What an engine that does not start raises (CUDA errors, out of memory, no room for the KV cache, a
         # missing CUDA library); a TypeError or AttributeError is a bug, and passes through as it is.
         except (RuntimeError, ValueError, ImportError, OSError, AssertionError) as error:
@@ -230,6 +229,7 @@ def load_base_model(
                 "the cause: restart the runtime to free GPU memory, lower --set "
                 "vllm_gpu_memory_utilization, or --set use_vllm=false (slower)."
             ) from error
+        tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     return model, tokenizer
 
 
@@ -250,16 +250,6 @@ def add_lora(model, *, use_gradient_checkpointing=False, random_state=3407, back
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=bool(use_gradient_checkpointing))
     set_seed(random_state)  # as Unsloth's random_state: the LoRA A matrices start from the recipe's seed
     return get_peft_model(model, LoraConfig(task_type="CAUSAL_LM", **lora))
-
-
-def _unsloth_load(**kwargs):
-    from unsloth import FastLanguageModel  # lazy: Unsloth cannot import without a GPU
-
-    if "LOCAL_RANK" in os.environ:  # under accelerate/torchrun each process loads onto its own GPU
-        kwargs["device_map"] = {"": int(os.environ["LOCAL_RANK"])}
-    model, tokenizer = FastLanguageModel.from_pretrained(**kwargs)
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
-    return model, tokenizer
 
 
 def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
