@@ -153,7 +153,7 @@ def _check_record(record: dict) -> dict:
 def _to_dataset(rows: list[dict], label: str):
     from datasets import Dataset, DatasetInfo, Features, Value
 
-    features = Features({"question": Value("string"), "answer": Value("string"), "solution": Value("string")})
+    features = Features({column: Value("string") for column in ("question", "answer", "solution")})
     return Dataset.from_list(rows, features=features, info=DatasetInfo(description=label, features=features))
 
 
@@ -192,7 +192,7 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
     if isinstance(value, bool):
         raise ValueError(f"the answer is a boolean ({value}), not a number")
     if isinstance(value, (int, float)):  # JSON/Parquet numbers, exactly (0.1 is "0.1")
-        exact = Decimal(value) if isinstance(value, int) else Decimal(repr(value))
+        exact = Decimal(str(value))  # a float by its shortest repr
         if not exact.is_finite():
             raise ValueError(f"the answer {value!r} is not a finite number")
         if isinstance(value, float) and abs(value) >= 2**53:  # pyarrow reads an integer beyond int64 as a rounded float
@@ -247,7 +247,7 @@ def _file_records(path: Path, split: str = "train"):
 
     accepted, suffix = ", ".join(LOCAL_FORMATS), path.suffix.lower()
     if (path / "state.json").is_file() or (path / "dataset_dict.json").is_file():  # Dataset(Dict).save_to_disk
-        table = datasets.load_from_disk(str(path))
+        table = datasets.load_from_disk(path)
         if isinstance(table, datasets.DatasetDict):
             if split not in table:
                 raise GrpoKitError(f"{path} has no {split!r} split, only {', '.join(table)}; save one.")
@@ -341,7 +341,7 @@ def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, exclude=()):
             break
         question, line, result = _one_step(rng)
         solution = f"{line}\n#### {result}"
-        if not (banned and arithmetic_key(solution) in banned):
+        if arithmetic_key(solution) not in banned:
             rows.setdefault(question, {"question": question, "answer": str(result), "solution": solution})
     if len(rows) < n:
         raise GrpoKitError(f"Could only generate {len(rows)} distinct arithmetic problems; ask for n <= {len(rows)}.")
@@ -377,7 +377,7 @@ def render_prompt(messages: list[dict], tokenizer, prefill: str = "") -> str:
     none). Result: TRL's ids equal the template's ids followed by the prefill's.
     """
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    bos = getattr(tokenizer, "bos_token", None)
+    bos = tokenizer.bos_token
     if bos and text.startswith(bos) and tokenizer("a")["input_ids"][:1] == [tokenizer.bos_token_id]:  # adds its own
         text = text[len(bos) :]
     return text + prefill
