@@ -33,13 +33,13 @@ def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
     if not (Path(adapter_dir) / "adapter_config.json").is_file():
         return "no adapter_config.json"
     try:
-        tensors = load_file(str(path))
+        tensors = load_file(path)
     except Exception as error:  # SafetensorError, OSError: a missing, torn or foreign file
         return f"{path} cannot be read ({str(error).splitlines()[0][:120]}; truncated by a kill or a full disk?)"
     bad = sorted(
         name
         for name, tensor in tensors.items()
-        if not bool((torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all())
+        if not (torch.nan_to_num(tensor.float(), nan=torch.inf).abs() <= MAX_ADAPTER_WEIGHT).all()
     )
     if bad:
         return (

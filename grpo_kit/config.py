@@ -93,7 +93,7 @@ class Recipe:
 
     @property
     def vllm_colocated(self) -> bool:
-        return bool(self.grpo.use_vllm) and self.grpo.vllm_mode == "colocate"
+        return self.grpo.use_vllm and self.grpo.vllm_mode == "colocate"
 
     @property
     def dtype(self) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -81,7 +82,7 @@ class _Tally:
         if bad := [
             what
             for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
-            if not bool(torch.isfinite(t).all())
+            if not torch.isfinite(t).all()
         ]:
             self.problem = f"{label}: NaN/inf in {' and '.join(bad)}"
             return
@@ -182,7 +183,7 @@ class _Stored:
     shape: tuple[int, ...]
 
     def __getitem__(self, index):
-        with safe_open(str(self.file), framework="pt") as handle:
+        with safe_open(self.file, framework="pt") as handle:
             return handle.get_slice(self.name)[index]
 
 
@@ -215,7 +216,7 @@ def _tensors(folder: Path) -> dict[str, _Stored]:
     )
     found = {}
     for file in sorted(shards):
-        with safe_open(str(folder / file), framework="pt") as handle:
+        with safe_open(folder / file, framework="pt") as handle:
             found.update(
                 {
                     name: _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
@@ -231,7 +232,7 @@ def _blocks(shape) -> list[slice]:
     """Row ranges of a tensor of ``shape``, ``BLOCK_VALUES`` values at most each (one for a 0- or 1-dim tensor)."""
     if len(shape) < 2:
         return [slice(None)]
-    step = max(1, BLOCK_VALUES // max(1, int(torch.Size(shape[1:]).numel())))
+    step = max(1, BLOCK_VALUES // max(1, math.prod(shape[1:])))
     return [slice(start, min(start + step, shape[0])) for start in range(0, shape[0], step)]
 
 
