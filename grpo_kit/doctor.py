@@ -216,7 +216,7 @@ def cli_doctor(args) -> int:
     for key in ("frac_reward_zero_std", "completions/clipped_ratio", "grad_norm"):
         if values := [row[key] for row in history if isinstance(row.get(key), (int, float))]:
             print(f"{key}: mean {sum(values) / len(values):.3g}, last {values[-1]:.3g}, max {max(values):.3g}")
-    saved = [folder.name for _, folder in runs.checkpoints(run_dir)]
+    saved = [folder.name for folder in runs.checkpoints(run_dir)]
     resume = runs.latest_checkpoint(run_dir) if saved else None
     print(f"checkpoints: {', '.join(saved) or 'none'}; --resume continues from {resume.name if resume else 'step 0'}")
     findings = diagnose(history, beta=run.recorded.get("beta", 0))

@@ -54,7 +54,7 @@ def resume_hint(run_dir) -> str:
         return ""
     checkpoint = latest_checkpoint(run_dir)
     if checkpoint is None:
-        written = ", ".join(folder.name for _, folder in checkpoints(run_dir))  # torn, or weights that already broke
+        written = ", ".join(folder.name for folder in checkpoints(run_dir))  # torn, or weights that already broke
         return (
             f" No complete checkpoint in {run_dir}"
             + (f" ({written} cannot be resumed from)" if written else "")
@@ -103,12 +103,12 @@ def checkpoint_step(folder: str | os.PathLike) -> int | None:
     return int(match[1]) if match else None
 
 
-def checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``(step, folder)`` of every ``checkpoint-N`` folder in ``run_dir``, newest first (transformers' own sort)."""
+def checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Every ``checkpoint-N`` folder in ``run_dir``, newest first (transformers' own sort; ``checkpoint_step`` is
+    its N)."""
     from transformers.trainer_utils import sort_checkpoints  # not at import: Unsloth must patch transformers first
 
-    found = [(checkpoint_step(path), Path(path)) for path in sort_checkpoints(str(run_dir))]
-    return [(step, folder) for step, folder in reversed(found) if step is not None]
+    return [Path(path) for path in reversed(sort_checkpoints(str(run_dir))) if checkpoint_step(path) is not None]
 
 
 def checkpoint_problem(folder: Path) -> str | None:
@@ -134,7 +134,7 @@ def checkpoint_problem(folder: Path) -> str | None:
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
-    return next((folder for _, folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
+    return next((folder for folder in checkpoints(run_dir) if checkpoint_problem(folder) is None), None)
 
 
 def disk_full(error: Exception, run_dir: Path, step: int) -> GrpoKitError | None:
@@ -298,7 +298,7 @@ class Run:
 
     def _resume_point(self, is_main):
         skipped = []
-        for _, folder in checkpoints(self.dir):  # newest first
+        for folder in checkpoints(self.dir):  # newest first
             if (problem := checkpoint_problem(folder)) is None:
                 if skipped:
                     warnings.warn(

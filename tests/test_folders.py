@@ -109,11 +109,11 @@ def test_checkpoints_are_the_numbered_trainer_folders_newest_first(tmp_path):
     ):
         (tmp_path / name).mkdir()
     (tmp_path / "checkpoint-11").write_text("a file, not a checkpoint")
-    assert [(step, folder.name) for step, folder in runs.checkpoints(tmp_path)] == [
+    assert [(runs.checkpoint_step(folder), folder.name) for folder in runs.checkpoints(tmp_path)] == [
         (10, "checkpoint-10"),
         (9, "checkpoint-9"),
     ]
-    assert get_last_checkpoint(str(tmp_path)) == str(runs.checkpoints(tmp_path)[0][1])  # the Trainer's own pick
+    assert get_last_checkpoint(str(tmp_path)) == str(runs.checkpoints(tmp_path)[0])  # the Trainer's own pick
     assert runs.checkpoints(tmp_path / "missing") == []
 
 
