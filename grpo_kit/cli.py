@@ -1,7 +1,7 @@
 """The ``grpo-kit`` command (same as ``python -m grpo_kit``).
 
-Each sub-command's arguments are declared here; its work is done by a ``cli_*`` function in the module that owns
-the concern, imported only when that sub-command runs, so ``grpo-kit --help`` never imports torch.
+Each sub-command's arguments are declared here; its work is done by ``cli_<command>`` in the module that owns the
+concern (``module``), imported only when that sub-command runs, so ``grpo-kit --help`` never imports torch.
 A ``GrpoKitError`` or ``ImportError`` is printed as one line (exit status 2); other exceptions keep their traceback.
 """
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("presets", help="list the VRAM-tier presets")
     p.add_argument("--plan", metavar="PRESET", help="show the VRAM planner's estimate for one preset")
-    p.set_defaults(handler=("planner", "cli_presets"))
+    p.set_defaults(module="planner")
 
     p = sub.add_parser(
         "train",
@@ -62,11 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lenient", action="store_true", help="skip bad data rows (counted and reported) instead of stopping"
     )
-    p.set_defaults(handler=("train", "cli_train"))
+    p.set_defaults(module="train")
 
     p = sub.add_parser("doctor", help="a run's findings and vital signs: why GRPO is (not) learning")
     p.add_argument("run", help="run folder (finished, stopped or still training)")
-    p.set_defaults(handler=("doctor", "cli_doctor"))
+    p.set_defaults(module="doctor")
 
     p = sub.add_parser("eval", help="held-out GSM8K accuracy of a model, optionally with a LoRA adapter")
     p.add_argument("--model", default="embedded", help="model id or folder ('embedded' = SmolLM2-135M)")
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--batch-size", type=int, default=8, help="questions generated together (larger is faster on CPU)")
     p.add_argument("--out", help="write results JSON here (per-question rows go next to it as .jsonl)")
-    p.set_defaults(handler=("evaluate", "cli_eval"))
+    p.set_defaults(module="evaluate")
 
     p = sub.add_parser("export", help="export a trained adapter (lora, merged16, gguf), verified by reloading")
     p.add_argument("--adapter", required=True, help="LoRA adapter folder (a run's adapter or a checkpoint)")
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also compare merged16's answers with "
         "base + adapter's on N bundled questions (loads both models, one after the other)",
     )
-    p.set_defaults(handler=("export", "cli_export"))
+    p.set_defaults(module="export")
 
     p = sub.add_parser("chat", help="ask a model (optionally with a trained adapter) your own question")
     p.add_argument("question", nargs="*", help="the question")
@@ -109,21 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="base model (default: the adapter's recorded base, else embedded)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="generation budget per answer")
     p.add_argument("--temperature", type=float, help="sample at this temperature (default: greedy)")
-    p.set_defaults(handler=("evaluate", "cli_chat"))
+    p.set_defaults(module="evaluate")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
+    if not args.command:
         parser.print_help()
         return 0
     # SIGTERM (what Colab and schedulers send) stops a run as Ctrl-C does: one line, the run folder's lock released
     previous = signal.signal(signal.SIGTERM, _terminated)
     try:
-        module, function = args.handler
-        result = getattr(importlib.import_module(f"grpo_kit.{module}"), function)(args)
+        result = getattr(importlib.import_module(f"grpo_kit.{args.module}"), f"cli_{args.command}")(args)
         sys.stdout.flush()  # a reader that left (`grpo-kit presets | head -3`) shows up here at the latest
     except BrokenPipeError:  # the reader left: Python's documented recipe, stdout to devnull so the exit flush is quiet
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
