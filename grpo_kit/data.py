@@ -433,7 +433,7 @@ def check_dataset_size(
     incomplete batch, so fewer prompts than one batch's yield no step at all.
     """
     needed, batch = config.generation_batch_size // config.num_generations, config.per_device_train_batch_size
-    processes = config.generation_batch_size // (batch * config.steps_per_generation)
+    processes = config.world_size  # TRL's generation batch spans them
     dropped = f" after dropping {filtered} prompt(s) longer than max_prompt_length={max_prompt_tokens} tokens"
     if n_prompts < needed:  # steps_per_generation is TRL's: gradient_accumulation_steps unless the recipe sets it
         raise GrpoKitError(
