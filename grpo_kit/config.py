@@ -263,7 +263,7 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     import trl
 
     def refuse_unless(key: str, wanted: Any, why: str) -> None:
-        if key in values and values[key] is not None and values[key] != wanted:
+        if values.get(key) not in (None, wanted):
             raise GrpoKitError(
                 f"Recipe {name}: {key}={values[key]!r} cannot work here: {why}. Remove it or set {key}: "
                 f"{_text(wanted)}."
