@@ -21,9 +21,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grpo_kit import data, models, runs
+from grpo_kit.adapters import adapter_config
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import atomic_write_text
+from grpo_kit.rewards import REWARDS
+from grpo_kit.stats import paired_difference
 
 #: transformers fills every setting a GenerationConfig leaves unset from the model's own ``generation_config``
 #: (Qwen2.5-Instruct ships ``repetition_penalty=1.05``, ``top_k=20``): pinned, so the protocol is the same for every
@@ -102,8 +106,6 @@ def _saved_by_eval(path: Path, key: str) -> bool:
 
 def _score_row(completion: str, gold: str, prefill: str = "") -> dict:
     """One completion under both protocols; strict and format are the training rewards' own verdicts."""
-    from grpo_kit.rewards import REWARDS
-
     text = prefill + completion
     lenient = extract_last_number(text)
     return {
@@ -119,10 +121,8 @@ def build_prompts(
     questions: Sequence[str], tokenizer, *, few_shot: int = 0, prefill: str = "", system_prompt: str | None = None
 ) -> list[str]:
     """Prompt strings as training renders them (``system_prompt`` None = the kit's ``data.SYSTEM_PROMPT``)."""
-    from grpo_kit.data import build_messages, render_prompt
-
     return [
-        render_prompt(build_messages(q, system_prompt=system_prompt, few_shot=few_shot), tokenizer, prefill)
+        data.render_prompt(data.build_messages(q, system_prompt=system_prompt, few_shot=few_shot), tokenizer, prefill)
         for q in questions
     ]
 
@@ -248,9 +248,7 @@ def evaluate(
 
     About 1-2 s per question per 64 new tokens for the 135M embedded model on 2 CPU cores.
     """
-    from grpo_kit.data import _need_columns
-
-    _need_columns("evaluate's dataset (grpo_kit.data.load_gsm8k makes one)", dataset.column_names)
+    data._need_columns("evaluate's dataset (grpo_kit.data.load_gsm8k makes one)", dataset.column_names)
     if len(dataset) == 0:
         raise GrpoKitError("evaluate got no questions; load some with load_gsm8k('sample', 'test').")
     questions, golds = list(dataset["question"]), list(dataset["answer"])
@@ -301,9 +299,7 @@ def evaluate_before_after(
 ) -> tuple[EvalResult, EvalResult]:
     """``(base, tuned)`` on the same questions. The model loads once with the adapter; "base" runs inside PEFT's
     ``disable_adapter()``, so both share exactly the same base weights. ``kwargs`` go to ``evaluate``."""
-    from grpo_kit.models import load_inference_model
-
-    model, tokenizer = load_inference_model(model_id, adapter_dir)
+    model, tokenizer = models.load_inference_model(model_id, adapter_dir)
     with model.disable_adapter():
         base = evaluate(model, tokenizer, dataset, label="base", **kwargs)
     return base, evaluate(model, tokenizer, dataset, label="tuned", **kwargs)
@@ -327,8 +323,6 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
             lines.append(f"{title:<22}{100 * left:>8.1f} %{100 * right:>10.1f} %{100 * (right - left):>+9.1f}")
     lines.append(f"n = {base.n} / {tuned.n}")
     if base.rows and [r["question"] for r in base.rows] == [r["question"] for r in tuned.rows]:
-        from grpo_kit.stats import paired_difference
-
         change = paired_difference([r["correct_strict"] for r in base.rows], [r["correct_strict"] for r in tuned.rows])
         lines.append("strict accuracy, paired:\n" + change.summary())
     if base.protocol == tuned.protocol:
@@ -342,10 +336,8 @@ def compare(base: EvalResult, tuned: EvalResult, names: tuple[str, str] = ("base
 def _base_and_prompt(model: str | None, adapter: str | None) -> tuple[str, dict[str, Any]]:
     """``(base model, prompt settings)`` for ``eval`` and ``chat``: ``model``, else the base the adapter's run recorded,
     else embedded; and the prompt it trained with (``runs.Run.prompt``: its run's, or an export's ``prompt.json``)."""
-    from grpo_kit.runs import PLAIN_PROMPT, Run
-
-    run = Run.of(adapter or model or "embedded")
-    return model or run.base_model or "embedded", run.prompt or PLAIN_PROMPT
+    run = runs.Run.of(adapter or model or "embedded")
+    return model or run.base_model or "embedded", run.prompt or runs.PLAIN_PROMPT
 
 
 def ask(
@@ -388,8 +380,6 @@ def ask(
 
 def cli_chat(args) -> int:
     """``grpo-kit chat``: answer the question given as arguments; a conversation is ``ask`` called in a notebook."""
-    from grpo_kit.models import load_inference_model, set_torch_threads
-
     question = " ".join(args.question).strip()
     if not question:
         raise GrpoKitError(
@@ -403,9 +393,9 @@ def cli_chat(args) -> int:
         raise GrpoKitError(
             f"--temperature must be a number above 0, such as 0.7 (got {args.temperature}); leave it out for greedy."
         )
-    set_torch_threads()
+    models.set_torch_threads()
     base, settings = _base_and_prompt(args.model, args.adapter)
-    model, tokenizer = load_inference_model(base, args.adapter)
+    model, tokenizer = models.load_inference_model(base, args.adapter)
     ask(model, tokenizer, question, max_new_tokens=args.max_new_tokens, temperature=args.temperature, **settings)
     print()
     return 0
@@ -414,10 +404,6 @@ def cli_chat(args) -> int:
 def cli_eval(args) -> int:
     """``grpo-kit eval``: the kit's protocol on base, base+adapter or both (--compare); prints the metrics; --out
     saves the tuned (or only) result there, the base one as <stem>-base.json."""
-    from grpo_kit.adapters import adapter_config
-    from grpo_kit.data import load_gsm8k
-    from grpo_kit.models import load_inference_model, set_torch_threads
-
     if min(args.batch_size, args.max_new_tokens) < 1:
         raise GrpoKitError(
             f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, {args.max_new_tokens})."
@@ -438,8 +424,8 @@ def cli_eval(args) -> int:
     for path in (out, base_out):  # every file --out writes, checked before any question is evaluated
         if path:
             check_save_path(path)
-    set_torch_threads()
-    dataset = load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
+    models.set_torch_threads()
+    dataset = data.load_gsm8k(args.data, split="test", limit=args.limit, seed=args.seed)
     base, settings = _base_and_prompt(args.model, args.adapter)
     options = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, **settings)
     print(
@@ -453,7 +439,7 @@ def cli_eval(args) -> int:
         print(compare(base_result, tuned))  # its last line: the protocol
     else:
         name = "tuned" if args.adapter else "base"
-        model, tokenizer = load_inference_model(base, args.adapter)
+        model, tokenizer = models.load_inference_model(base, args.adapter)
         results = {name: evaluate(model, tokenizer, dataset, label=name, **options)}
         print(f"{results[name].summary()}\nprotocol: {results[name].protocol}")
     print(f"wall time {time.time() - started:.0f} s")
