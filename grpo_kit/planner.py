@@ -12,6 +12,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from grpo_kit.config import load_recipe, recipe_names
 from grpo_kit.errors import GrpoKitError
 
 GIB = 2**30
@@ -303,7 +304,6 @@ def auto_recipe(device=None) -> tuple[str, str]:
     """``(recipe name, why)`` for ``device`` (detected when None): ``cpu`` without a GPU, else the largest tier the
     card reaches (within ``TIER_TOLERANCE``) in its precision (bf16 tiers on a card with bf16, the T4's fp16 tier
     otherwise); below every tier the smallest, and ``why`` names the smaller model to switch to."""
-    from grpo_kit.config import load_recipe, recipe_names
     from grpo_kit.models import detect_device
 
     device = device or detect_device()
@@ -365,8 +365,6 @@ def presets_table(recipes) -> str:
 
 def cli_presets(args) -> int:
     """``grpo-kit presets``: the table; ``--plan NAME`` one VRAM breakdown."""
-    from grpo_kit.config import load_recipe, recipe_names
-
     if args.plan:
         recipe = load_recipe(args.plan)
         text = f"{recipe.name}: {recipe.kit.description}\n\n{estimate_vram(recipe).format()}"
