@@ -18,6 +18,8 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+from grpo_kit import runs
+from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import atomic_write_text
 
 #: Logged steps in a row a condition must hold before it is a finding; the flat-reward check compares two windows.
@@ -158,19 +160,18 @@ class Doctor(TrainerCallback):
     TRACKIO_WEBHOOK_URL when that is set)."""
 
     def __init__(self, run_dir: str | os.PathLike | None = None):
-        self.run_dir, self.said = run_dir and Path(run_dir), set()
+        self.path, self.said = run_dir and Path(run_dir) / "doctor.jsonl", set()
 
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run: what was said up to its checkpoint is not said again (its history's findings and
         ``doctor.jsonl``'s rows to that step); rows said after the checkpoint go, as the Trainer drops those steps."""
         self.said = set(check(state.log_history, beta=args.beta))
-        path = self.run_dir and self.run_dir / "doctor.jsonl"
-        if state.is_world_process_zero and path and path.exists():
-            rows = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-            kept = [line for line in rows if json.loads(line)["step"] <= state.global_step]
+        if state.is_world_process_zero and self.path:
+            rows = runs.read_metrics(self.path)  # a JSON line per finding ([] without the file)
+            kept = [row for row in rows if row["step"] <= state.global_step]
             if kept != rows:
-                atomic_write_text(path, "".join(line + "\n" for line in kept))
-            self.said |= {json.loads(line)["check"] for line in kept}
+                atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
+            self.said |= {row["check"] for row in kept}
 
     def on_log(self, args, state, control, logs, **kwargs):  # the Trainer passes every log
         if not state.is_world_process_zero or "reward" not in logs:
@@ -182,8 +183,8 @@ class Doctor(TrainerCallback):
             self.said.add(name)
             said = finding(state.global_step, name, message)
             print(f"doctor: {said['level']} at step {said['step']}: {message}")
-            if self.run_dir:
-                with open(self.run_dir / "doctor.jsonl", "a", encoding="utf-8") as handle:
+            if self.path:
+                with open(self.path, "a", encoding="utf-8") as handle:
                     handle.write(json.dumps(said) + "\n")
             if "trackio" in args.report_to:  # TrainingArguments makes it a list
                 import trackio
@@ -198,9 +199,6 @@ class Doctor(TrainerCallback):
 def cli_doctor(args) -> int:
     """``grpo-kit doctor RUN``: a run's vital signs and findings, from its ``metrics.jsonl`` (finished, stopped or
     still training) and its checkpoints."""
-    from grpo_kit import runs
-    from grpo_kit.errors import GrpoKitError
-
     run = runs.Run(args.run)
     run_dir = run.dir
     history = [row for row in run.history if "reward" in row]

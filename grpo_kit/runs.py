@@ -551,7 +551,8 @@ def is_run_folder(folder: Path) -> bool:
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """Rows of a ``metrics.jsonl`` (a torn last line from a killed run is ignored)."""
+    """Rows of a ``metrics.jsonl`` (or ``doctor.jsonl``: a JSON object per line); a torn last line from a killed run
+    is ignored."""
     rows = []
     with contextlib.suppress(FileNotFoundError):
         for line in Path(path).read_text(encoding="utf-8").splitlines():
