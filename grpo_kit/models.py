@@ -111,7 +111,7 @@ def _first_line(error: BaseException) -> str:
 def load_model(recipe):
     """The recipe's model as a LoRA-wrapped trainable policy: ``(peft_model, tokenizer)``, by the two calls notebook 00
     shows (``load_base_model`` and ``add_lora`` below), in the precision the run trains in (``bf16``/``fp16``, else
-    float32) unless the recipe sets ``dtype``. Give it ``without_missing_vllm(recipe)``: vLLM that cannot be imported
+    float32) unless the recipe sets ``dtype``. Give it ``use_vllm_if_importable(recipe)``: vLLM that cannot be imported
     is turned off, or refused in server mode."""
     config, lora = recipe.grpo, recipe.model
     # dtype given: left to itself Unsloth picks bf16 wherever the card has it, and its trainer then refuses the model
@@ -141,7 +141,7 @@ def load_model(recipe):
     return model, tokenizer
 
 
-def without_missing_vllm(recipe, **changes):
+def use_vllm_if_importable(recipe, **changes):
     """``recipe`` with ``changes``, built once, and ``use_vllm`` off with one "vLLM off:" line saying why where it asks
     for Unsloth's colocated vLLM and vLLM cannot be imported (Colab's CUDA 12 torch: the installer leaves it out). The
     run then generates with Unsloth/transformers (slower, same recipe), and a resumed run goes on from its checkpoint
@@ -197,7 +197,7 @@ def load_base_model(
     """``(model, tokenizer)``: Unsloth's ``FastLanguageModel.from_pretrained`` with these arguments on the Unsloth
     backend (a GPU), else the same load with transformers (a CPU, ``backend="transformers"``). Notebook 00 and
     ``load_model`` make this call and ``add_lora``. An engine that fails to start is an error naming the fixes, not a
-    silent slower run (vLLM that cannot be imported at all: ``without_missing_vllm``, before loading)."""
+    silent slower run (vLLM that cannot be imported at all: ``use_vllm_if_importable``, before loading)."""
     import torch
 
     backend, model_id = prepare_backend(backend), resolve_model_id(model_name)

@@ -174,7 +174,7 @@ RESUMABLE = (
     "log_completions",
     "num_completions_to_print",
     "report_to",
-    "use_vllm",  # the kit turns it off where vLLM cannot be imported (models.without_missing_vllm)
+    "use_vllm",  # the kit turns it off where vLLM cannot be imported (models.use_vllm_if_importable)
     "vllm_gpu_memory_utilization",
     "gradient_checkpointing",
 )

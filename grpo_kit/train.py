@@ -93,7 +93,7 @@ def train(
     # integration not installed; VRAM: warned); the run folder is its output_dir; vLLM that cannot be imported on a
     # GPU is turned off, and said so
     check_device(recipe, models.detect_device())
-    recipe = models.without_missing_vllm(recipe, output_dir=str(run_folder(recipe, output_dir)))
+    recipe = models.use_vllm_if_importable(recipe, output_dir=str(run_folder(recipe, output_dir)))
     config, kit, run_dir = recipe.grpo, recipe.kit, Path(recipe.grpo.output_dir)
     config.run_name = config.run_name or run_dir.name  # the run's name in Trackio and other trackers
     import trl  # after grpo_kit.config imported Unsloth (GPU): this is then Unsloth's patched GRPOTrainer

@@ -427,7 +427,7 @@ def test_train_stops_with_the_fixes_when_the_engine_fails(fake_unsloth, tiny_mod
 def test_vllm_that_cannot_be_imported_in_server_mode_is_refused(fake_unsloth, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)
     with pytest.raises(GrpoKitError, match="needs vLLM here too.*use_vllm=false"):
-        models.without_missing_vllm(load_recipe("a100-80gb", vllm_mode="server"))
+        models.use_vllm_if_importable(load_recipe("a100-80gb", vllm_mode="server"))
     assert fake_unsloth.loads == []
 
 

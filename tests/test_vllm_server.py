@@ -123,7 +123,7 @@ def test_transformers_4bit_is_nf4_computing_in_the_run_dtype(fake_gpu, monkeypat
 def test_vllm_missing_on_the_transformers_backend_loads_without_it_and_says_so(monkeypatch, capsys):
     seen = _record_transformers_load(monkeypatch)
     monkeypatch.setitem(sys.modules, "vllm", None)
-    recipe = models.without_missing_vllm(load_recipe("cpu", use_vllm=True))
+    recipe = models.use_vllm_if_importable(load_recipe("cpu", use_vllm=True))
     assert recipe.grpo.use_vllm is False and "vLLM off: it cannot be imported" in capsys.readouterr().out
     with pytest.raises(_Stop):
         models.load_model(recipe)
@@ -132,7 +132,7 @@ def test_vllm_missing_on_the_transformers_backend_loads_without_it_and_says_so(m
 
 def test_vllm_on_the_transformers_backend_stays_on_for_trls_own_engine(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))  # importable
-    assert models.without_missing_vllm(load_recipe("cpu", use_vllm=True)).grpo.use_vllm is True
+    assert models.use_vllm_if_importable(load_recipe("cpu", use_vllm=True)).grpo.use_vllm is True
     assert capsys.readouterr().out == ""
 
 
