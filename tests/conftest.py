@@ -51,8 +51,18 @@ def pytest_configure(config):
         ) from error
 
 
+#: Notebooks that read what an earlier one wrote: 04 evaluates and 05 exports the run 03 trains.
+CHAINED_NOTEBOOKS = ("03_train.ipynb", "04_evaluate.ipynb", "05_export.ipynb")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(config, items):
-    """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above."""
+    """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above.
+
+    ``make test`` runs the rest on two workers (pytest-xdist, ``--dist loadgroup``): each module's tests go to one
+    worker, in order, so a module's fixtures are built once; notebooks 03-05 go together; and the notebooks and the
+    modules that train come first, so that the quick tests fill in beside them.
+    """
     tier = config.option.markexpr.strip()
     if tier in (REAL_UNSLOTH, REAL_VLLM):
         return
@@ -60,18 +70,12 @@ def pytest_collection_modifyitems(config, items):
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
-
-
-def pytest_collection_finish(session):
-    """A test module that defines ``prefetch()`` (tests/test_requirements_colab.py: pip resolutions that mostly wait
-    on the network) has it called once, when the session begins and its tests are selected, so that work runs beside
-    the other tests instead of after them."""
-    if session.config.option.collectonly:
-        return
-    modules = {getattr(item, "module", None) for item in session.items}
-    for module in modules:
-        if callable(getattr(module, "prefetch", None)):
-            module.prefetch()
+    for item in items:
+        item.add_marker(
+            pytest.mark.xdist_group(CHAINED_NOTEBOOKS[0] if item.path.name in CHAINED_NOTEBOOKS else item.path.name)
+        )
+    heavy = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path.suffix != ".ipynb", item.path not in heavy))
 
 
 @pytest.fixture(scope="session", autouse=True)

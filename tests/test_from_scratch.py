@@ -47,9 +47,9 @@ def nb():
 
 @pytest.fixture(scope="module")
 def rows(nb):
-    """The notebook's questions with their prompts written without the worked examples: the check is about the loss,
-    and a prompt of ~60 tokens instead of ~200 (smoke.yaml's one worked example) makes each forward pass several
-    times shorter on a CPU."""
+    """The notebook's questions with their prompts written without worked examples, as its own check asks them: the
+    check is about the loss, and a prompt of ~60 tokens instead of ~340 (the cpu recipe's three worked examples) makes
+    each forward pass several times shorter on a CPU."""
     kit = nb.recipe.kit
     return nb.format_for_grpo(nb.questions, nb.tokenizer, few_shot=0, prefill=kit.prefill)[0]
 

@@ -10,8 +10,8 @@ One resolution per distinct package set, four in all (``RESOLUTIONS``): the file
 can choose (CUDA 12: no vLLM, xformers pinned; torch 2.13: vLLM 0.31), whose pins differ from the file's. pip reads
 the metadata of ~230 wheels for each; ``--use-feature=fast-deps`` reads it with HTTP range requests instead of
 downloading the wheels (the CUDA ones are GBs; it resolves the same set), and the four start together in the
-background when the session begins (``prefetch``, called by tests/conftest.py), so their network waits overlap the
-other tests.
+background when the first is needed (``_resolve``), so their network waits overlap; ``make test`` runs this module
+on one of its two workers while the other goes on with other tests.
 """
 
 from __future__ import annotations
@@ -97,19 +97,13 @@ def _start(name: str) -> None:
     _RUNNING[name] = (requirements, report, pip)
 
 
-def prefetch() -> None:
-    """Start every resolution in the background, once (tests/conftest.py calls it when this module's tests run)."""
-    if not _RUNNING and _pypi_reachable():
-        for name in RESOLUTIONS:
-            _start(name)
-
-
 def _resolve(name: str) -> dict[str, str]:
     """``{project: version}`` pip would install for Colab's platform, or an assertion with pip's error."""
     if not _pypi_reachable():
         pytest.skip(f"PyPI ({INDEX}) is not reachable")
-    if name not in _RUNNING:
-        _start(name)
+    if not _RUNNING:  # the first one needed starts all four
+        for each in RESOLUTIONS:
+            _start(each)
     requirements, report, pip = _RUNNING[name]
     _, stderr = pip.communicate(timeout=900)
     assert pip.returncode == 0, f"{requirements} does not resolve:\n{stderr[-4000:]}"
