@@ -60,8 +60,9 @@ def pytest_collection_modifyitems(config, items):
     """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above.
 
     ``make test`` runs the rest on two workers (pytest-xdist, ``--dist loadgroup``): each module's tests go to one
-    worker, in order, so a module's fixtures are built once; notebooks 03-05 go together; and the notebooks and the
-    modules that train come first, so that the quick tests fill in beside them.
+    worker, in order, so a module's fixtures are built once; notebooks 03-05 go together. Modules that wait on the
+    network come first (their pip resolutions then use the core the other worker leaves), then the notebooks and the
+    modules that train, so that the quick tests fill in beside them.
     """
     tier = config.option.markexpr.strip()
     if tier in (REAL_UNSLOTH, REAL_VLLM):
@@ -74,8 +75,9 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(
             pytest.mark.xdist_group(CHAINED_NOTEBOOKS[0] if item.path.name in CHAINED_NOTEBOOKS else item.path.name)
         )
+    waits = {item.path for item in items if item.get_closest_marker("network")}
     heavy = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (item.path.suffix != ".ipynb", item.path not in heavy))
+    items.sort(key=lambda item: (item.path not in waits, item.path.suffix != ".ipynb", item.path not in heavy))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -11,7 +11,7 @@ can choose (CUDA 12: no vLLM, xformers pinned; torch 2.13: vLLM 0.31), whose pin
 the metadata of ~230 wheels for each; ``--use-feature=fast-deps`` reads it with HTTP range requests instead of
 downloading the wheels (the CUDA ones are GBs; it resolves the same set), and the four start together in the
 background when the first is needed (``_resolve``), so their network waits overlap; ``make test`` runs this module
-on one of its two workers while the other goes on with other tests.
+first (a ``network`` module: tests/conftest.py), on one of its two workers while the other starts the notebooks.
 """
 
 from __future__ import annotations
