@@ -8,10 +8,11 @@ PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
 # Torch threads for the test suite: deterministic and sized for 2-core CI machines.
 TEST_THREADS ?= 2
-# The main test run: two pytest-xdist workers of one torch thread each (tests/conftest.py groups the tests). On two
-# cores a model this small trains faster as two one-thread processes than as one process of two threads.
+# The main test run: two pytest-xdist workers of one torch thread each, given whole modules in the order
+# tests/conftest.py sorts them. On two cores a model this small trains faster as two one-thread processes than as one
+# process of two threads.
 TEST_WORKERS ?= 2
-XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
 # Every pytest run of `make test` ends with its slowest items, so a slow test shows in each CI log.
 DURATIONS := --durations=15
 # A second CPU kernel set for the tests of saved numbers (PyTorch's ATEN_CPU_CAPABILITY: default, avx2, avx512).

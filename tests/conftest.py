@@ -55,14 +55,27 @@ def pytest_configure(config):
 CHAINED_NOTEBOOKS = ("03_train.ipynb", "04_evaluate.ipynb", "05_export.ipynb")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+@pytest.hookimpl(optionalhook=True)  # a plain `pytest` without pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """``make test``'s two workers (pytest-xdist) get whole modules, in the collection's order: a module's fixtures
+    are built once, and notebooks 03-05 run in order on one worker. (xdist's own ``--dist loadgroup`` marks a test by
+    renaming its node id, which pytest 9.2's node ids no longer take.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WholeModules(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            module = nodeid.split("::", 1)[0]
+            return CHAINED_NOTEBOOKS[0] if Path(module).name in CHAINED_NOTEBOOKS else module
+
+    return WholeModules(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above.
 
-    ``make test`` runs the rest on two workers (pytest-xdist, ``--dist loadgroup``): each module's tests go to one
-    worker, in order, so a module's fixtures are built once; notebooks 03-05 go together. Modules that wait on the
-    network come first (their pip resolutions then use the core the other worker leaves), then the notebooks and the
-    modules that train, so that the quick tests fill in beside them.
+    Modules that wait on the network come first (under ``make test``'s two workers their pip resolutions use the core
+    the other worker leaves), then the notebooks and the modules that train, so that the quick tests fill in beside
+    them.
     """
     tier = config.option.markexpr.strip()
     if tier in (REAL_UNSLOTH, REAL_VLLM):
@@ -71,10 +84,6 @@ def pytest_collection_modifyitems(config, items):
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep
-    for item in items:
-        item.add_marker(
-            pytest.mark.xdist_group(CHAINED_NOTEBOOKS[0] if item.path.name in CHAINED_NOTEBOOKS else item.path.name)
-        )
     waits = {item.path for item in items if item.get_closest_marker("network")}
     heavy = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path not in waits, item.path.suffix != ".ipynb", item.path not in heavy))
