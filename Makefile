@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 # -qq: pip still prints errors, not the notices of the build backend (setuptools' "Editable installation" on every -e).
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.grpo-kit-installed
-# Torch threads for the test suite: deterministic and sized for 2-core CI machines.
+# Torch threads of the test runs in one process (real Unsloth, real vLLM, saved outputs, test-fast): deterministic and
+# sized for 2-core CI machines.
 TEST_THREADS ?= 2
 # The main test run: two pytest-xdist workers of one torch thread each, given whole modules in the order
 # tests/conftest.py sorts them. On two cores a model this small trains faster as two one-thread processes than as one
