@@ -22,7 +22,8 @@ def use_the_cpu_build() -> None:
       weight sync, which loads the trained weights into the engine every step, finds nothing to load into. Here the
       layers keep their weights and compute with ``F.linear``;
     - on a CPU the KV cache takes ``VLLM_CPU_KVCACHE_SPACE`` GiB (TRL's ``vllm_gpu_memory_utilization`` is a share of
-      a GPU): 1 GiB holds the tests' sequences many times over.
+      a GPU): 1 GiB holds the tests' sequences many times over;
+    - the model runs as vLLM's own CPU CI runs it (``VLLM_CPU_CI_ENV``).
     """
     if PACKAGES.is_dir():
         sys.path.insert(0, str(PACKAGES))
@@ -35,6 +36,10 @@ def use_the_cpu_build() -> None:
     capability = os.environ.get("ATEN_CPU_CAPABILITY") or "native"
     os.environ.setdefault("VLLM_CACHE_ROOT", str(PACKAGES.parent / "vllm-cpu-cache" / capability))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vLLM's own CPU CI setting: the model traced by dynamo and run eagerly, without inductor's C++ compile of each
+    # graph and without the warm-up runs (vllm/platforms/cpu.py, vllm/v1/worker/cpu_worker.py). The engine, its
+    # sampling and TRL's weight sync are the same; the compiled kernels are a GPU's own in any case.
+    os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
     try:
         import torch.nn.functional as F
         import vllm.model_executor.layers.utils as layer_utils
