@@ -214,7 +214,7 @@ def _to_canonical(number: str) -> str | None:
     digits = number.replace("$", "").replace("\u2212", "-")
     for separator in THOUSANDS_SEPARATORS:
         digits = digits.replace(separator, "")
-    if _digit_count(digits) > MAX_DIGITS:
+    if digit_count(digits) > MAX_DIGITS:
         return None
     return _canonical(Decimal(digits))
 
@@ -224,12 +224,13 @@ def _canonical(value: Decimal) -> str | None:
         context.prec = _PRECISION  # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
         value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
     text = format(value, "f")
-    if _digit_count(text) > MAX_DIGITS:
+    if digit_count(text) > MAX_DIGITS:
         return None
     return "0" if text in {"-0", "0"} else text
 
 
-def _digit_count(number: str) -> int:
+def digit_count(number: str) -> int:
+    """How many digits ``number`` has (what ``MAX_DIGITS`` limits)."""
     return sum(char.isdigit() for char in number)
 
 

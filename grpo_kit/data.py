@@ -16,7 +16,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from grpo_kit.answers import GROUPED, MAX_DIGITS, normalize_number
+from grpo_kit.answers import GROUPED, MAX_DIGITS, digit_count, normalize_number
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import check_writable
 
@@ -179,7 +179,7 @@ def _plain_number(text: str, what: str, otherwise: str = "") -> str:
     canonical = normalize_number(text.replace("$", "", 1))
     if canonical is None:
         raise ValueError(
-            f"{what} is a number too large to use ({len(re.sub(r'[^0-9]', '', text))} digits; answers are "
+            f"{what} is a number too large to use ({digit_count(text)} digits; answers are "
             f"compared on at most {MAX_DIGITS}): {text.strip()[:60]!r}"
         )
     return canonical

@@ -25,6 +25,7 @@ from grpo_kit.answers import (
     MAX_DIGITS,
     THOUSANDS_SEPARATORS,
     answers_match,
+    digit_count,
     extract_tagged_answer,
     normalize_number,
     strip_end_markers,
@@ -127,7 +128,7 @@ def integer_reward(completions, prefill=None, **kwargs) -> list[float]:
     scores = []
     for text in _texts(completions, prefill):
         answer = (extract_tagged_answer(text) or "").strip()
-        bare = _INTEGER.fullmatch(answer) and sum(c.isdigit() for c in answer) <= MAX_DIGITS
+        bare = _INTEGER.fullmatch(answer) and digit_count(answer) <= MAX_DIGITS
         scores.append(INTEGER_POINTS if bare else 0.0)
     return scores
 
