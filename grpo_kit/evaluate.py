@@ -25,7 +25,7 @@ from grpo_kit import data, models, runs
 from grpo_kit.adapters import adapter_config
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import atomic_write_text
+from grpo_kit.files import atomic_write_text, read_json
 from grpo_kit.rewards import REWARDS
 from grpo_kit.stats import paired_difference
 
@@ -409,7 +409,7 @@ def cli_eval(args) -> int:
             f"--batch-size and --max-new-tokens must be at least 1 (got {args.batch_size}, {args.max_new_tokens})."
         )
     export = Path(args.model).parent / "export.json"  # --model an export's merged16: the base it was merged from
-    merged = json.loads(export.read_text(encoding="utf-8")).get("lora_base") if export.is_file() else None
+    merged = read_json(export).get("lora_base") if export.is_file() else None
     trained_on = (Path(args.adapter or "") / "adapter_config.json").is_file() and adapter_config(args.adapter)
     if merged and (args.compare and not args.adapter or trained_on and trained_on.base_model_name_or_path == merged):
         raise GrpoKitError(

@@ -126,6 +126,11 @@ def check_writable(out_dir: Path, *, what: str, option: str) -> None:
         ) from None
 
 
+def read_json(path: str | os.PathLike) -> Any:
+    """The JSON value in the UTF-8 file ``path`` (the errors of ``open`` and ``json.loads`` pass through)."""
+    return json.loads(Path(path).read_text(encoding="utf-8"))
+
+
 def dumps_finite(value: Any, **kwargs) -> str:
     """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
 

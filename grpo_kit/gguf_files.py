@@ -26,6 +26,7 @@ from huggingface_hub import snapshot_download
 
 from grpo_kit.adapters import adapter_config
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import read_json
 from grpo_kit.models import half_dtype_name
 
 #: The weight check's limit per storage type: ``max |d| <= rtol * max |expected|`` per tensor. bf16 rounds by 2^-8 of a
@@ -169,7 +170,7 @@ def run_unsloth(
             + "\n".join(tail)
             + f"\n{NO_FILES_HELP}"
         )
-    result = json.loads(report.read_text(encoding="utf-8"))
+    result = read_json(report)
     found = {"merged16": Path(result["merged16"])} if merged16 else {}
     for path in (path for path in map(Path, result["gguf_files"]) if path.is_file()):
         file_type = gguf.GGUFReader(path).fields["general.file_type"].contents()  # Unsloth names files its own way

@@ -28,6 +28,7 @@ from grpo_kit.files import (
     atomic_write_text,
     check_writable,
     dumps_finite,
+    read_json,
     remove_stale_staging,
     set_aside,
     staged_dir,
@@ -119,7 +120,7 @@ def checkpoint_problem(folder: Path) -> str | None:
     silently start a fresh optimizer and restart the learning-rate schedule.
     """
     try:
-        json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
+        read_json(folder / "trainer_state.json")
     except FileNotFoundError:
         return "no trainer_state.json (killed while saving?)"
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
@@ -332,7 +333,7 @@ class Run:
         cannot be read is said, never taken for none: it records how the run was trained (recipe, data, prompt)."""
         path = self.dir / "run.json"
         try:
-            info = json.loads(path.read_text(encoding="utf-8"))
+            info = read_json(path)
         except (FileNotFoundError, NotADirectoryError):
             return {}
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -443,7 +444,7 @@ class Run:
         exported adapter or model; None when neither records it."""
         recipe = self.recorded
         if not recipe and (exported := self.trained / PROMPT_FILE).is_file():
-            recipe = json.loads(exported.read_text(encoding="utf-8"))
+            recipe = read_json(exported)
         return {key: recipe.get(key, default) for key, default in PLAIN_PROMPT.items()} if recipe else None
 
     def write_prompt(self, folder):
@@ -468,9 +469,7 @@ class Run:
     @property
     def evaluations(self):
         """``{name: metrics}`` of what was saved in ``eval/<name>.json`` (``EvalResult.save``)."""
-        return {
-            path.stem: json.loads(path.read_text(encoding="utf-8")) for path in sorted(self.dir.glob("eval/*.json"))
-        }
+        return {path.stem: read_json(path) for path in sorted(self.dir.glob("eval/*.json"))}
 
     # --- the final adapter
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from safetensors import safe_open
 from grpo_kit import gguf_files
 from grpo_kit.adapters import adapter_config
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import read_json
 
 
 @dataclass(frozen=True)
@@ -210,7 +210,7 @@ def _tensors(folder: Path) -> dict[str, _Stored]:
     may also hold a ``consolidated.safetensors`` (Mistral)."""
     index = folder / "model.safetensors.index.json"
     shards = (
-        set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        set(read_json(index)["weight_map"].values())
         if index.is_file()
         else [path.name for path in folder.glob("*.safetensors")]
     )
@@ -242,7 +242,7 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     here."""
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if fmt == "gguf":
-        config = json.loads((base_dir / "config.json").read_text(encoding="utf-8"))
+        config = read_json(base_dir / "config.json")
         entries = gguf_files.gguf_tensors(path, config, base_files)
     else:
         exported = _tensors(path)
