@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_kit.answers import GROUPED, MAX_DIGITS, digit_count, normalize_number
-from grpo_kit.errors import GrpoKitError
+from grpo_kit.errors import GrpoKitError, first_line
 from grpo_kit.files import check_writable
 
 SYSTEM_PROMPT = (
@@ -280,10 +280,7 @@ def _file_records(path: Path, split: str = "train"):
             table = datasets.load_dataset(loader, data_files=str(path), split="train", **options)
         except Exception as err:  # the loaders raise ValueError, TypeError, ArrowInvalid, DatasetGenerationError, ...
             cause = err.__cause__ or err  # DatasetGenerationError keeps the parser's own message in its cause
-            first = str(cause).strip().partition("\n")[0][:200]
-            raise GrpoKitError(
-                f"{path}: could not read it ({type(cause).__name__}: {first}). It must be {shape}."
-            ) from err
+            raise GrpoKitError(f"{path}: could not read it ({first_line(cause)[:200]}). It must be {shape}.") from err
     _need_columns(path, table.column_names)
     return table.select_columns(["question", "answer"]).to_list()
 

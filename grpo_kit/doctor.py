@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 
 from grpo_kit import runs
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import atomic_write_text
+from grpo_kit.files import write_jsonl
 
 #: Logged steps in a row a condition must hold before it is a finding; the flat-reward check compares two windows.
 PATIENCE, WINDOW = 3, 10
@@ -170,7 +170,7 @@ class Doctor(TrainerCallback):
             rows = runs.read_metrics(self.path)  # a JSON line per finding ([] without the file)
             kept = [row for row in rows if row["step"] <= state.global_step]
             if kept != rows:
-                atomic_write_text(self.path, "".join(json.dumps(row) + "\n" for row in kept))
+                write_jsonl(self.path, kept)
             self.said |= {row["check"] for row in kept}
 
     def on_log(self, args, state, control, logs, **kwargs):  # the Trainer passes every log

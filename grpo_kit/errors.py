@@ -7,3 +7,9 @@ without a traceback and exits with status 2; anything else is a bug and keeps it
 
 class GrpoKitError(Exception):
     """A problem with the user's input, settings or environment, with the fix spelled out in the message."""
+
+
+def first_line(error: BaseException) -> str:
+    """``error`` for a one-line message: its type and the first line of its text."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

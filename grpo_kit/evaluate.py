@@ -25,7 +25,7 @@ from grpo_kit import data, models, runs
 from grpo_kit.adapters import adapter_config
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import atomic_write_text, read_json
+from grpo_kit.files import read_json, write_json, write_jsonl
 from grpo_kit.rewards import REWARDS
 from grpo_kit.stats import paired_difference
 
@@ -62,9 +62,8 @@ class EvalResult:
     def save(self, path: str | os.PathLike) -> Path:
         """Metrics + protocol to ``path`` (a ``.json`` file), the rows to ``path`` with suffix ``.jsonl``; never over a
         file an earlier ``save`` did not write (``check_save_path``)."""
-        rows = "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.rows)
-        atomic_write_text(check_save_path(path).with_suffix(".jsonl"), rows)
-        return atomic_write_text(path, json.dumps(self.to_dict(), indent=2) + "\n")
+        write_jsonl(check_save_path(path).with_suffix(".jsonl"), self.rows)
+        return write_json(path, self.to_dict())
 
     def summary(self) -> str:
         return (

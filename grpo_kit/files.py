@@ -131,6 +131,16 @@ def read_json(path: str | os.PathLike) -> Any:
     return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
+def write_json(path: str | os.PathLike, value: Any) -> Path:
+    """``value`` as indented JSON (NaN/inf as null, any other object as its ``str``), written in one piece."""
+    return atomic_write_text(path, dumps_finite(value, indent=2, ensure_ascii=False, default=str) + "\n")
+
+
+def write_jsonl(path: str | os.PathLike, rows) -> Path:
+    """``rows`` as JSON lines (NaN/inf as null), written in one piece; ``runs.read_metrics`` reads them back."""
+    return atomic_write_text(path, "".join(dumps_finite(row, ensure_ascii=False) + "\n" for row in rows))
+
+
 def dumps_finite(value: Any, **kwargs) -> str:
     """``json.dumps`` that writes NaN/±inf as ``null``: Python's ``NaN``/``Infinity`` are not JSON to other readers."""
 

@@ -26,7 +26,7 @@ from huggingface_hub import snapshot_download
 
 from grpo_kit.adapters import adapter_config
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import read_json
+from grpo_kit.files import read_json, write_json
 from grpo_kit.models import half_dtype_name
 
 #: The weight check's limit per storage type: ``max |d| <= rtol * max |expected|`` per tensor. bf16 rounds by 2^-8 of a
@@ -213,7 +213,7 @@ def _child(spec: dict) -> None:
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
         report["gguf_files"] = [str(p) for p in result.get("gguf_files") or []]
         report["folders"] = [str(p) for p in (result.get("save_directory"), result.get("gguf_directory")) if p]
-    Path(spec["out"] + ".json").write_text(json.dumps(report), encoding="utf-8")
+    write_json(spec["out"] + ".json", report)
 
 
 if __name__ == "__main__":

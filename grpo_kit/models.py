@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_kit.embedded import EMBEDDED_4BIT_ID, EMBEDDED_ID, EMBEDDED_NAME, embedded_model_path
-from grpo_kit.errors import GrpoKitError
+from grpo_kit.errors import GrpoKitError, first_line
 
 # --------------------------------------------------------------------------------------------- the machine
 
@@ -87,7 +87,7 @@ def prepare_backend(backend: str) -> str:
             import unsloth  # noqa: F401  (the import is the patch)
         except ImportError as error:
             raise GrpoKitError(
-                f"The Unsloth backend cannot import unsloth ({_first_line(error)}). Install the GPU "
+                f"The Unsloth backend cannot import unsloth ({first_line(error)}). Install the GPU "
                 "stack (pip install -r requirements-colab.txt) and restart the runtime, or use plain "
                 "transformers + PEFT: --set backend=transformers (slower, more memory)."
             ) from error
@@ -98,11 +98,6 @@ def prepare_backend(backend: str) -> str:
 
             patch_trl_rl_trainers()  # what Unsloth's import does on a GPU
     return backend
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
 # --------------------------------------------------------------------------------------------- the policy
@@ -155,11 +150,11 @@ def use_vllm_if_importable(recipe, **changes):
         except Exception as error:  # ImportError, or a CUDA library of another version failing to load (OSError)
             if not recipe.vllm_colocated:
                 raise GrpoKitError(
-                    f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({_first_line(error)}). "
+                    f"vllm_mode='server' needs vLLM here too, and it cannot be imported ({first_line(error)}). "
                     "Install the vllm wheel built for this torch's CUDA, or --set use_vllm=false."
                 ) from error
             print(
-                f"vLLM off: it cannot be imported ({_first_line(error)}). Generation uses {backend}'s generate "
+                f"vLLM off: it cannot be imported ({first_line(error)}). Generation uses {backend}'s generate "
                 "(slower, same recipe). To use vLLM, install the vllm wheel built for this torch's CUDA "
                 "(requirements-colab.txt) and restart the runtime.",
                 flush=True,
@@ -225,7 +220,7 @@ def load_base_model(
             if not fast_inference:
                 raise
             raise GrpoKitError(
-                f"The model did not load with vLLM's engine on ({_first_line(error)}). If vLLM is "
+                f"The model did not load with vLLM's engine on ({first_line(error)}). If vLLM is "
                 "the cause: restart the runtime to free GPU memory, lower --set "
                 "vllm_gpu_memory_utilization, or --set use_vllm=false (slower)."
             ) from error
@@ -354,7 +349,7 @@ def _from_pretrained(cls, model_id: str, **kwargs):
         elif model_id.startswith((".", "/", "~")) or model_id.count("/") > 1:  # a path, not "org/name"
             head = f"No model folder at '{model_id}'"
         raise GrpoKitError(
-            f"{head} ({_first_line(error)}). Pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct (check "
+            f"{head} ({first_line(error)}). Pass a Hub id such as Qwen/Qwen2.5-1.5B-Instruct (check "
             "it, your network and HF_TOKEN), a folder save_pretrained wrote (config.json, weights, "
             "tokenizer files; a merged16 export is one), or offline: --model embedded."
         ) from None

@@ -25,13 +25,12 @@ from filelock import FileLock, Timeout  # datasets' and huggingface_hub's depend
 from grpo_kit.adapters import adapter_config, adapter_problem
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import (
-    atomic_write_text,
     check_writable,
-    dumps_finite,
     read_json,
     remove_stale_staging,
     set_aside,
     staged_dir,
+    write_json,
 )
 
 #: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
@@ -404,16 +403,13 @@ class Run:
             "resumed_from_step": self.resumed_from,
             "versions": {name: version(name) for name in ("trl", "transformers", "peft")},
         }
-        return atomic_write_text(self.dir / "run.json", json.dumps(info, indent=2, default=str))
+        return write_json(self.dir / "run.json", info)
 
     # --- the history
 
     @property
     def history(self):
         return read_metrics(self.metrics_path)
-
-    def write_history(self, rows):
-        atomic_write_text(self.metrics_path, "".join(dumps_finite(row) + "\n" for row in rows))  # NaN/inf: null
 
     @property
     def steps(self):
@@ -457,7 +453,7 @@ class Run:
             return
         messages = build_messages("", system_prompt=settings["system_prompt"], few_shot=settings["few_shot"])[:-1]
         record = {**settings, "messages_before_question": messages, "reply_starts_with": settings["prefill"]}
-        (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_json(folder / PROMPT_FILE, record)
 
     @property
     def name(self):
