@@ -130,7 +130,7 @@ def test_run_json_is_written_atomically_with_the_flat_recipe_and_no_secrets(tmp_
         kit=SimpleNamespace(reward_funcs=["correctness", "format_rate"]),
     )
     written = []
-    monkeypatch.setattr(runs, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
+    monkeypatch.setattr(files, "atomic_write_text", lambda path, text: written.append(path) or path.write_text(text))
     runs.Run(tmp_path, recipe=recipe, data="sample").record()
     assert written == [tmp_path / "run.json"]
     info = runs.Run(tmp_path).info
