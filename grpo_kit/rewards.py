@@ -11,6 +11,7 @@ outside the main thread. Every check is linear in the text length (``str.find``/
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import itertools
@@ -85,6 +86,17 @@ def has_soft_format(text: str) -> bool:
     return handover is not None and body.find(ANSWER_CLOSE, handover.end()) >= 0
 
 
+def _per_text(score: Callable[[str], float]) -> Callable[..., list[float]]:
+    """The reward ``fn(completions, prefill=None, **kwargs)`` that gives each completion ``score(text)``, its prefill
+    prepended (``_texts``); named, documented and pickled as ``score``."""
+
+    @functools.wraps(score)
+    def reward(completions, prefill=None, **kwargs) -> list[float]:
+        return [score(text) for text in _texts(completions, prefill)]
+
+    return reward
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # The rewards. The first docstring line is the row of the README's reward table (the weight-0 metrics share one row).
 
@@ -101,57 +113,52 @@ def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list
     ]
 
 
-def format_reward(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def format_reward(text: str) -> float:
     """soft format: ``<think>…</think>`` then ``<answer>…</answer>``, multi-line reasoning allowed
 
     Unlike the widely copied 2025 regex (no DOTALL), reasoning over several lines counts. Text may follow."""
-    return [FORMAT_POINTS if has_soft_format(t) else 0.0 for t in _texts(completions, prefill)]
+    return FORMAT_POINTS if has_soft_format(text) else 0.0
 
 
-def tag_count_reward(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def tag_count_reward(text: str) -> float:
     """0.25 per think/answer tag seen exactly once, minus 0.001 per character after ``</answer>`` (at most 0.25)
 
     Whitespace and end-of-sequence markers after the last ``</answer>`` are not trailing text."""
-    scores = []
-    for text in _texts(completions, prefill):
-        end = text.rfind(ANSWER_CLOSE)
-        trailing = "" if end < 0 else strip_end_markers(text[end + len(ANSWER_CLOSE) :]).strip()
-        penalty = min(TRAILING_PENALTY_PER_CHAR * len(trailing), TRAILING_PENALTY_CAP)
-        scores.append(round(sum(TAG_POINTS for tag in TAGS if text.count(tag) == 1) - penalty, 6))
-    return scores
+    end = text.rfind(ANSWER_CLOSE)
+    trailing = "" if end < 0 else strip_end_markers(text[end + len(ANSWER_CLOSE) :]).strip()
+    penalty = min(TRAILING_PENALTY_PER_CHAR * len(trailing), TRAILING_PENALTY_CAP)
+    return round(sum(TAG_POINTS for tag in TAGS if text.count(tag) == 1) - penalty, 6)
 
 
-def integer_reward(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def integer_reward(text: str) -> float:
     """the ``<answer>`` text is a bare integer (``-7``, ``1,000`` yes; ``3.5``, ``72 clips`` no)
 
     Digits, an optional minus, optional thousands separators, at most ``MAX_DIGITS`` digits."""
-    scores = []
-    for text in _texts(completions, prefill):
-        answer = (extract_tagged_answer(text) or "").strip()
-        bare = _INTEGER.fullmatch(answer) and digit_count(answer) <= MAX_DIGITS
-        scores.append(INTEGER_POINTS if bare else 0.0)
-    return scores
+    answer = (extract_tagged_answer(text) or "").strip()
+    return INTEGER_POINTS if _INTEGER.fullmatch(answer) and digit_count(answer) <= MAX_DIGITS else 0.0
 
 
-def tag_progress_reward(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def tag_progress_reward(text: str) -> float:
     """CPU recipe: 0.25 per ``</think>``, ``<answer>``, ``</answer>`` seen once, +0.25 for an answer block after
     ``</think>``
 
     With ``<think>\\n`` prefilled each step toward the format earns something, so a 135M model's first attempts
     already differ in reward (GRPO needs that variance to learn)."""
-    scores = []
-    for text in _texts(completions, prefill):
-        think_close = text.find(THINK_CLOSE)
-        opened = text.find(ANSWER_OPEN, think_close + len(THINK_CLOSE)) if think_close >= 0 else -1
-        answer_after_think = opened >= 0 and text.find(ANSWER_CLOSE, opened + len(ANSWER_OPEN)) >= 0
-        scores.append(sum(TAG_POINTS for tag in TAGS[1:] if text.count(tag) == 1) + TAG_POINTS * answer_after_think)
-    return scores
+    think_close = text.find(THINK_CLOSE)
+    opened = text.find(ANSWER_OPEN, think_close + len(THINK_CLOSE)) if think_close >= 0 else -1
+    answer_after_think = opened >= 0 and text.find(ANSWER_CLOSE, opened + len(ANSWER_OPEN)) >= 0
+    return sum(TAG_POINTS for tag in TAGS[1:] if text.count(tag) == 1) + TAG_POINTS * answer_after_think
 
 
-def format_rate(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def format_rate(text: str) -> float:
     """metric, weight 0 in training: 1 when ``format`` gives credit (TRL logs the share as
     ``rewards/format_rate/mean``)"""
-    return [1.0 if score > 0 else 0.0 for score in format_reward(completions, prefill=prefill)]
+    return 1.0 if has_soft_format(text) else 0.0
 
 
 def semantic_entropy(completions, prompts=None, prefill=None, **kwargs) -> list[float]:
@@ -190,11 +197,12 @@ REFLECTION_PHRASES = (
 _REFLECTS = re.compile(r"\b(?:" + "|".join(map(re.escape, REFLECTION_PHRASES)) + r")\b", re.IGNORECASE)
 
 
-def reflection_rate(completions, prefill=None, **kwargs) -> list[float]:
+@_per_text
+def reflection_rate(text: str) -> float:
     """metric, weight 0: 1 when the answer re-checks itself ("wait", "let me check", ``REFLECTION_PHRASES``), else 0
 
     A cheap proxy for the "aha moment": it counts words, not reasoning."""
-    return [1.0 if _REFLECTS.search(t) else 0.0 for t in _texts(completions, prefill)]
+    return 1.0 if _REFLECTS.search(text) else 0.0
 
 
 def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
