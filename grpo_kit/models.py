@@ -385,11 +385,12 @@ class TorchChunkedLogProb:
         import torch
 
         log_probs, entropy = [], []
-        for start in range(0, max(len(hidden), 1), 256):  # at least once: no tokens still gives (empty) tensors
-            z = hidden[start : start + 256].float() @ weight.float().t()
+        # torch.split yields one (empty) chunk for no tokens: empty tensors come back
+        for rows, ids in zip(hidden.split(256), targets.split(256), strict=True):
+            z = rows.float() @ weight.float().t()
             z = (z if bias is None else z + bias.float()) * (1.0 if logit_scale is None else logit_scale)
             z = (z if softcap is None else softcap * torch.tanh(z / softcap)) / temperature
             log_p = torch.log_softmax(z, dim=-1)
-            log_probs.append(log_p.gather(-1, targets[start : start + 256, None]).squeeze(-1))
+            log_probs.append(log_p.gather(-1, ids[:, None]).squeeze(-1))
             entropy.append(-(log_p.exp() * log_p).sum(-1))
         return torch.cat(log_probs), torch.cat(entropy) if "entropy" in outputs else None, None, None, None
