@@ -66,7 +66,7 @@ class Runtime:
 
     @property
     def torch_minor(self) -> str | None:  # "2.11" for "2.11.0+cu126"
-        return ".".join(self.torch.split("+")[0].split(".")[:2]) if self.torch else None
+        return ".".join(map(str, Version(self.torch).release[:2])) if self.torch else None
 
     @property
     def cuda_major(self) -> str | None:

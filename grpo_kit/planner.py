@@ -359,7 +359,7 @@ def presets_table(recipes) -> str:
                 "?" if shape is None else f"{estimate_vram(recipe, shape).total_gib:.1f}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(map(len, column)) for column in zip(*rows, strict=True)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
