@@ -120,7 +120,7 @@ def extract_tagged_answer(text: str) -> str | None:
         return None
     close = _LAST_CLOSE.match(text)
     end = close.start(1) if close else len(text)
-    opened = _LAST_OPEN.match(text, 0, len(text))
+    opened = _LAST_OPEN.match(text)
     if opened and (close is None or opened.start(1) > end):  # an <answer> after the last </answer>: open to the end
         return strip_end_markers(text[opened.end(1) :]).strip()
     if close is None:
@@ -211,9 +211,7 @@ def _fraction(numerator: str, denominator: str) -> str | None:
 
 
 def _to_canonical(number: str) -> str | None:
-    digits = number.replace("$", "").replace("\u2212", "-")
-    for separator in THOUSANDS_SEPARATORS:
-        digits = digits.replace(separator, "")
+    digits = number.translate(str.maketrans("\u2212", "-", "$" + THOUSANDS_SEPARATORS))  # U+2212 minus: "-"
     if digit_count(digits) > MAX_DIGITS:
         return None
     return _canonical(Decimal(digits))
