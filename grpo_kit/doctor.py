@@ -72,7 +72,7 @@ def learned_nothing(history: list[dict]) -> str | None:
     rows = [row for row in history if "grad_norm" in row or "reward" in row]
     if not rows:
         return None
-    if not any(isinstance(row.get("reward"), (int, float)) for row in rows):
+    if not runs.logged(rows, "reward"):
         return f"no reward was given at any of {len(rows)} logged steps (every reward function returned None)"
     if all(row.get("grad_norm") == 0 for row in rows):
         return (
@@ -93,7 +93,7 @@ def collapse(history: list[dict]) -> str | None:
     ...     "completions/clipped_ratio": 1.0, "grad_norm": 0.0}])
     'at step 2 the reward fell from 0.250 to 0, every completion was cut at max_completion_length and grad_norm was 0'
     """
-    rows = [row for row in history if isinstance(row.get("reward"), (int, float))]
+    rows = runs.logged(history, "reward")
     if not rows:
         return None
     last, best = rows[-1], max(row["reward"] for row in rows)
@@ -109,7 +109,7 @@ def collapse(history: list[dict]) -> str | None:
 
 def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dict[str, str]:
     """``{check: message}`` of what the rows logged so far show (``final``: the run has ended)."""
-    rows = [row for row in history if isinstance(row.get("reward"), (int, float))]
+    rows = runs.logged(history, "reward")
     found, differ = {}, lambda row: row.get("frac_reward_zero_std", 0) < 0.9
     if rows and beta == 0:
         found["beta-0"] = BETA_ZERO
@@ -119,7 +119,7 @@ def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dic
         found["clipped"] = CLIPPED.format(n=PATIENCE)
     if _streak(rows, lambda row: row.get("grad_norm") == 0 and differ(row)):
         found["no-gradient"] = NO_GRADIENT.format(n=PATIENCE)
-    entropy = [row["entropy"] for row in rows if isinstance(row.get("entropy"), (int, float))]
+    entropy = [row["entropy"] for row in runs.logged(rows, "entropy")]
     if _streak(entropy, lambda value: value < ENTROPY_SHARE * entropy[0]):
         found["entropy"] = ENTROPY.format(first=entropy[0], last=entropy[-1], n=PATIENCE)
     if len(rows) >= 2 * WINDOW and all(map(differ, rows[-WINDOW:])):
@@ -212,7 +212,7 @@ def cli_doctor(args) -> int:
         else f"reward: {first:.3f} -> {last:.3f} (means of the first and of the last logged steps)"
     )
     for key in ("frac_reward_zero_std", "completions/clipped_ratio", "grad_norm"):
-        if values := [row[key] for row in history if isinstance(row.get(key), (int, float))]:
+        if values := [row[key] for row in runs.logged(history, key)]:
             print(f"{key}: mean {sum(values) / len(values):.3g}, last {values[-1]:.3g}, max {max(values):.3g}")
     saved = [folder.name for folder in runs.checkpoints(run_dir)]
     resume = runs.latest_checkpoint(run_dir) if saved else None

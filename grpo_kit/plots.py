@@ -7,13 +7,12 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.runs import logged, read_metrics
 
 
 def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = None, *, show: bool = False) -> Path:
     """Reward, completion-length and zero-variance curves of a run's ``metrics.jsonl``, saved as a PNG (default
     ``<run>/plots/rewards.png``) and shown in a notebook when ``show``."""
-    from grpo_kit.runs import read_metrics
-
     metrics = Path(metrics)
     rows = read_metrics(metrics)
     if not rows:
@@ -51,6 +50,6 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
 
 
 def _line(ax, rows: list[dict], key: str, label: str, **style) -> None:
-    points = [(row["step"], row[key]) for row in rows if isinstance(row.get(key), (int, float))]
+    points = [(row["step"], row[key]) for row in logged(rows, key)]
     if points:
         ax.plot(*zip(*points, strict=True), label=label, marker="o", markersize=3, **style)
