@@ -13,6 +13,11 @@ from grpo_kit.errors import GrpoKitError
 MAX_ADAPTER_WEIGHT = 1e3
 
 
+def is_adapter(folder: str | os.PathLike) -> bool:
+    """True for a folder that holds a LoRA adapter's ``adapter_config.json`` (PEFT writes one with every adapter)."""
+    return (Path(folder) / "adapter_config.json").is_file()
+
+
 def adapter_config(adapter_dir: str | os.PathLike):
     """The adapter's ``LoraConfig``, as PEFT reads it from ``adapter_config.json`` (rank, alpha, base model)."""
     from peft import PeftConfig
@@ -30,7 +35,7 @@ def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
     from safetensors.torch import load_file
 
     path = Path(adapter_dir) / "adapter_model.safetensors"  # what PEFT writes, in checkpoints and the final adapter
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+    if not is_adapter(adapter_dir):
         return "no adapter_config.json"
     try:
         tensors = load_file(path)
@@ -51,11 +56,9 @@ def adapter_problem(adapter_dir: str | os.PathLike) -> str | None:
 
 def check_adapter(adapter_dir: str | os.PathLike, *, use: str) -> None:
     """Refuse an adapter that ``adapter_problem`` finds unusable (``use``: what was asked), naming what to use."""
-    if not (Path(adapter_dir) / "adapter_config.json").is_file():
+    if not is_adapter(adapter_dir):
         inside = Path(adapter_dir) / "adapter"  # given the run folder instead of its adapter/
-        hint = (
-            f"--adapter {inside}" if (inside / "adapter_config.json").is_file() else "a run's adapter/ or checkpoint-N/"
-        )
+        hint = f"--adapter {inside}" if is_adapter(inside) else "a run's adapter/ or checkpoint-N/"
         raise GrpoKitError(f"{adapter_dir} is not a LoRA adapter folder (no adapter_config.json). Pass {hint}.")
     if problem := adapter_problem(adapter_dir):
         raise GrpoKitError(

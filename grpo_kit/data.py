@@ -197,8 +197,7 @@ def _gold_from_field(value: Any) -> tuple[str, str]:
             raise ValueError(f"the answer {value!r} is not a finite number")
         if isinstance(value, float) and abs(value) >= 2**53:  # pyarrow reads an integer beyond int64 as a rounded float
             raise ValueError(f"the answer {value!r} is too large to be read exactly as a number; write it as text")
-        canonical = _plain_number(format(exact, "f"), "the answer")
-        return canonical, f"#### {canonical}"
+        value = format(exact, "f")  # read below as the plain number it is
     if not isinstance(value, str):
         raise ValueError(f"the answer must be text or a number, got {type(value).__name__}")
     if "####" in value:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_kit import data, models, runs
-from grpo_kit.adapters import adapter_config
+from grpo_kit.adapters import adapter_config, is_adapter
 from grpo_kit.answers import answers_match, extract_last_number, extract_tagged_answer
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import read_json, write_json, write_jsonl
@@ -409,7 +409,7 @@ def cli_eval(args) -> int:
         )
     export = Path(args.model).parent / "export.json"  # --model an export's merged16: the base it was merged from
     merged = read_json(export).get("lora_base") if export.is_file() else None
-    trained_on = (Path(args.adapter or "") / "adapter_config.json").is_file() and adapter_config(args.adapter)
+    trained_on = is_adapter(args.adapter or "") and adapter_config(args.adapter)
     if merged and (args.compare and not args.adapter or trained_on and trained_on.base_model_name_or_path == merged):
         raise GrpoKitError(
             f"{args.model} is {merged} with a LoRA merged in (export.json): an adapter trained on {merged} goes on "

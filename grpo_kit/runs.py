@@ -22,7 +22,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout  # datasets' and huggingface_hub's dependency
 
-from grpo_kit.adapters import adapter_config, adapter_problem
+from grpo_kit.adapters import adapter_config, adapter_problem, is_adapter
 from grpo_kit.errors import GrpoKitError
 from grpo_kit.files import (
     check_writable,
@@ -424,7 +424,7 @@ class Run:
         ``adapter_config.json`` names, if it is on this machine; None for a folder that is no adapter."""
         if model := self.recorded.get("model_name_or_path"):
             return model
-        if not (self.trained / "adapter_config.json").is_file():
+        if not is_adapter(self.trained):
             return None
         recorded = adapter_config(self.trained).base_model_name_or_path
         if recorded and (Path(recorded).exists() or not os.path.isabs(recorded)):
