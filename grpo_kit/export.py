@@ -31,6 +31,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData, get_token
 from grpo_kit import files, gguf_files, models, runs
 from grpo_kit.adapters import adapter_config, check_adapter
 from grpo_kit.errors import GrpoKitError
+from grpo_kit.files import dumps_finite
 from grpo_kit.verify import ExportResult, check_base, check_lora, check_weights, lora_effect
 
 FORMATS = ("lora", "merged16", "gguf")
@@ -248,7 +249,8 @@ def export(
                 "formats": [r.to_dict(relative_to=target) for r in results],
             }
             (staging / "README.md").write_text(model_card(info), encoding="utf-8")
-            files.write_json(staging / "export.json", info)
+            # a plain write, as every file in the staging folder: its OSError gets the export's message below
+            (staging / "export.json").write_text(dumps_finite(info, indent=2, default=str) + "\n", encoding="utf-8")
             shutil.rmtree(scratch, ignore_errors=True)
             _check_target(target, overwrite)  # another export may have landed there in the meantime
     except OSError as error:  # a full disk, a vanished folder: the partial export goes, the old one stays

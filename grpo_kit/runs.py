@@ -453,7 +453,8 @@ class Run:
             return
         messages = build_messages("", system_prompt=settings["system_prompt"], few_shot=settings["few_shot"])[:-1]
         record = {**settings, "messages_before_question": messages, "reply_starts_with": settings["prefill"]}
-        write_json(folder / PROMPT_FILE, record)
+        # a plain write: export's staging folder is what lands in one piece, and its OSError names the export's fix
+        (folder / PROMPT_FILE).write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     @property
     def name(self):
