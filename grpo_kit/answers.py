@@ -99,7 +99,7 @@ def strip_end_markers(text: str) -> str:
         match = _EOS_AT_END.search(text[-64:])
         if not match:
             break
-        text = text[: len(text) - (match.end() - match.start())].rstrip()
+        text = text[: -len(match[0])].rstrip()  # the marker ends the text (\Z)
     return text
 
 
@@ -164,7 +164,7 @@ def normalize_number(text: str) -> str | None:
     core = text.strip("$*_ \t\n")
     fraction = _PLAIN_FRACTION.fullmatch(core)
     if fraction:
-        return _fraction(fraction.group(1), fraction.group(2))
+        return _fraction(*fraction.groups())
     latex = _LATEX_FRACTION.fullmatch(core)
     if latex:
         return _fraction(latex.group(1) + latex.group(2), latex.group(3))
@@ -199,12 +199,10 @@ def _fraction(numerator: str, denominator: str) -> str | None:
     numerator = numerator.replace("\u2212", "-").replace("--", "")
     if len(numerator.lstrip("-")) > MAX_DIGITS or len(denominator) > MAX_DIGITS:
         return None
-    top, bottom = int(numerator), int(denominator)
-    if bottom == 0:
+    if int(denominator) == 0:
         return None
-    with localcontext() as context:
-        context.prec = _PRECISION
-        value = Decimal(top) / Decimal(bottom)
+    with localcontext(prec=_PRECISION):
+        value = Decimal(numerator) / Decimal(denominator)
         # Round so the canonical form keeps at most MAX_DIGITS digits: 1/3 -> 0.333... (29 threes), not absurd.
         places = MAX_DIGITS - max(value.adjusted() + 1, 1)
         return _canonical(value.quantize(Decimal(1).scaleb(-places)) if places > 0 else value)
@@ -218,8 +216,8 @@ def _to_canonical(number: str) -> str | None:
 
 
 def _canonical(value: Decimal) -> str | None:
-    with localcontext() as context:
-        context.prec = _PRECISION  # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
+    # room for MAX_DIGITS digits on both sides of the point: quantize never overflows
+    with localcontext(prec=_PRECISION):
         value = value.quantize(Decimal(1)) if value == value.to_integral_value() else value.normalize()
     text = format(value, "f")
     if digit_count(text) > MAX_DIGITS:
