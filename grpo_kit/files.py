@@ -85,7 +85,7 @@ def remove_stale_staging(out_dir: str | os.PathLike, name: str) -> None:
     """Delete ``.<name>.partial-<pid>-*`` folders whose process is gone (a killed merged16 export of an 8B model
     leaves ~16 GB, which would fill a Colab disk on the retry); a live process's folder is left alone."""
     for folder in Path(out_dir).glob(f".{name}.partial-*"):
-        pid = folder.name[len(f".{name}.partial-") :].split("-", 1)[0]
+        pid = folder.name.removeprefix(f".{name}.partial-").split("-", 1)[0]
         if folder.is_dir() and pid.isdigit() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
 
