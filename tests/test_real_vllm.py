@@ -10,8 +10,9 @@ the kit's callbacks and rewards, TRL's vLLM importance-sampling correction, a ch
 
 Real: vLLM's engine in TRL's process, its sampling, TRL's weight sync that loads the trained policy into it every
 step, and its log-probabilities in TRL's correction. Not run here: vLLM on a GPU (CUDA kernels, memory shares,
-sleep mode), server mode (``trl vllm-serve``: tests/test_vllm_server.py stands in for the server), and Unsloth's own
-engine (``fast_inference``): Unsloth's loader needs a GPU before it builds one (tests/test_real_unsloth.py).
+sleep mode), vLLM's compiled graphs (the model runs as vLLM's own CPU CI runs it: tests/vllm_cpu.py), server mode
+(``trl vllm-serve``: tests/test_vllm_server.py stands in for the server), and Unsloth's own engine
+(``fast_inference``): Unsloth's loader needs a GPU before it builds one (tests/test_real_unsloth.py).
 """
 
 from __future__ import annotations
