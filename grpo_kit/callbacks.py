@@ -22,7 +22,6 @@ from transformers import TrainerCallback, TrainerState
 
 from grpo_kit.doctor import Doctor
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.files import write_jsonl
 from grpo_kit.rewards import METRICS, completion_text
 from grpo_kit.runs import Run, disk_full, numerics_error, resume_hint
 
@@ -262,7 +261,7 @@ class TrainingRun(Run, TrainerCallback):
                 if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
                     row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
                 rows.append(row)
-        write_jsonl(self.metrics_path, rows)  # NaN/inf: null
+        self.write_history(rows)
 
 
 def _excerpt(text: str, length: int = 80) -> str:

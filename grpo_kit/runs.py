@@ -31,6 +31,7 @@ from grpo_kit.files import (
     set_aside,
     staged_dir,
     write_json,
+    write_jsonl,
 )
 
 #: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
@@ -410,6 +411,9 @@ class Run:
     @property
     def history(self):
         return read_metrics(self.metrics_path)
+
+    def write_history(self, rows):
+        write_jsonl(self.metrics_path, rows)  # NaN/inf: null
 
     @property
     def steps(self):
