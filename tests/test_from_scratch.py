@@ -3,11 +3,11 @@
 The notebook's cells run in one namespace, as the learner runs them, except the three listed in ``SKIPPED``, with the
 recipe CI gives the notebook (tests/smoke.yaml); then its ``same_batch_check`` (one sampled batch, one update taken
 on it, then the next update's loss and LoRA gradients by the notebook's code and by
-``trl.GRPOTrainer.compute_loss``) runs for the notebook's other loss types at the T4 recipe's loss settings (4
-micro-batches of 1: TRL's accumulation); a loss with a known mistake must fail it. The check at the recipe's own
-values and at the T4 settings (loss type dapo), with its count of micro-batches and of clipped tokens, is asserted by
-the notebook's last cell, which nbmake runs in ``make test`` with the same recipe, after training through the notebook
-top to bottom.
+``trl.GRPOTrainer.compute_loss``) runs for the notebook's other loss types at the T4 recipe's loss settings on the
+smallest batch that accumulates (a group of 2 in 2 micro-batches of 1: ``ACCUMULATING``); a loss with a known mistake
+must fail it. The check at the recipe's own values and at the T4 settings (loss type dapo, 4 micro-batches of 1), with
+its count of micro-batches and of clipped tokens, is asserted by the notebook's last cell, which nbmake runs in
+``make test`` with the same recipe, after training through the notebook top to bottom.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ SKIPPED = {
     "06-17": "the training run (nbmake runs the whole notebook)",
     "06-21": "the check at the recipe's values and the T4 settings (nbmake runs and asserts it)",
 }
+#: The T4 recipe's accumulation of micro-batches of 1 (4 there), on a group of 2: what TRL's accumulation does to a
+#: loss shows with two micro-batches, and each sampled completion costs a CPU several forward and backward passes.
+ACCUMULATING = {"num_generations": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 2}
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +63,11 @@ def check(nb, rows, settings, question: int = 0):
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo"])
 def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type, tmp_path, monkeypatch):
-    """At the T4 settings (4 micro-batches of 1): TRL divides these by the accumulation steps, as the notebook does.
-    The trainers it builds write nothing where it runs (their ``output_dir`` is the recipe's temporary one)."""
+    """At the T4 loss settings, accumulated (``ACCUMULATING``): TRL divides these by the accumulation steps, as the
+    notebook does. The trainers it builds write nothing where it runs (their ``output_dir`` is the recipe's temporary
+    one)."""
     monkeypatch.chdir(tmp_path)
-    settings = nb.recipe.replace(**{**nb.T4_LOSS, "loss_type": loss_type}).grpo
+    settings = nb.recipe.replace(**{**nb.T4_LOSS, **ACCUMULATING, "loss_type": loss_type}).grpo
     ours, theirs, error, _ = check(nb, rows, settings, question=1)
     assert nb.agrees(ours, theirs, error), (ours, theirs, error)
     assert list(tmp_path.iterdir()) == []
@@ -84,6 +88,7 @@ def divides_by_its_own_tokens(loss):
 @pytest.mark.parametrize("mistake", [ignores_old_logps, divides_by_its_own_tokens])
 def test_a_wrong_loss_fails_the_check(nb, rows, monkeypatch, mistake):
     monkeypatch.setattr(nb, "grpo_loss", mistake(nb.grpo_loss))
-    ours, theirs, error, _ = check(nb, rows, nb.settings["T4 loss settings"], question=2)
+    settings = nb.recipe.replace(**{**nb.T4_LOSS, **ACCUMULATING}).grpo
+    ours, theirs, error, _ = check(nb, rows, settings, question=2)
     assert math.isfinite(error) and any(ours), "the batch has gradients to compare"
     assert not nb.agrees(ours, theirs, error), (ours, theirs, error)
