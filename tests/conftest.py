@@ -51,6 +51,9 @@ def pytest_configure(config):
         ) from error
 
 
+#: Notebooks that a test module runs top to bottom, cell by cell in its own namespace, before checking more on the same
+#: objects (nbmake would run them a second time): notebook -> module.
+RUN_BY_A_MODULE = {"06_grpo_from_scratch.ipynb": "test_from_scratch.py"}
 #: Notebooks that read what an earlier one wrote: 04 evaluates and 05 exports the run 03 trains.
 CHAINED_NOTEBOOKS = ("03_train.ipynb", "04_evaluate.ipynb", "05_export.ipynb")
 
@@ -73,14 +76,21 @@ def pytest_xdist_make_scheduler(config, log):
 def pytest_collection_modifyitems(config, items):
     """Without ``-m real_unsloth`` (``-m real_vllm``) those tests are left out (deselected, not skipped): see above.
 
-    Modules that wait on the network come first (under ``make test``'s two workers their pip resolutions use the core
-    the other worker leaves), then the notebooks and the modules that train, so that the quick tests fill in beside
-    them.
+    A notebook that a test module runs top to bottom itself (``RUN_BY_A_MODULE``) is left to that module when both are
+    collected: it runs once. Modules that wait on the network come first (under ``make test``'s two workers their pip
+    resolutions use the core the other worker leaves), then the notebooks and the modules that train, so that the
+    quick tests fill in beside them.
     """
     tier = config.option.markexpr.strip()
     if tier in (REAL_UNSLOTH, REAL_VLLM):
         return
-    keep = [item for item in items if not (item.get_closest_marker(REAL_UNSLOTH) or item.get_closest_marker(REAL_VLLM))]
+    runs_it = {item.path.name for item in items} & set(RUN_BY_A_MODULE.values())  # a module that runs a notebook
+    keep = [
+        item
+        for item in items
+        if not (item.get_closest_marker(REAL_UNSLOTH) or item.get_closest_marker(REAL_VLLM))
+        and not (item.path.suffix == ".ipynb" and RUN_BY_A_MODULE.get(item.path.name) in runs_it)
+    ]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])
         items[:] = keep

@@ -1,19 +1,22 @@
 """Notebook 06's GRPO, written from scratch in its cells, against TRL's own trainer.
 
-The notebook's cells run in one namespace, as the learner runs them, except the three listed in ``SKIPPED``, with the
-recipe CI gives the notebook (tests/smoke.yaml); then its ``same_batch_check`` (one sampled batch, one update taken
-on it, then the next update's loss and LoRA gradients by the notebook's code and by
-``trl.GRPOTrainer.compute_loss``) runs for the notebook's other loss types at the T4 recipe's loss settings on the
-smallest batch that accumulates (a group of 2 in 2 micro-batches of 1: ``ACCUMULATING``); a loss with a known mistake
-must fail it. The check at the recipe's own values and at the T4 settings (loss type dapo, 4 micro-batches of 1), with
-its count of micro-batches and of clipped tokens, is asserted by the notebook's last cell, which nbmake runs in
-``make test`` with the same recipe, after training through the notebook top to bottom.
+The notebook runs here top to bottom, every cell in one namespace as the learner runs them, with the recipe CI gives
+the notebooks (tests/smoke.yaml): its training loop, then its last cell's check at the recipe's values and at the T4
+settings (loss type dapo, 4 micro-batches of 1), which asserts the agreement, the count of micro-batches and of clipped
+tokens. nbmake leaves this notebook to this module (tests/conftest.py), so it runs once per ``make test``. Then, on the
+same model, its ``same_batch_check`` (one sampled batch, one update taken on it, then the next update's loss and LoRA
+gradients by the notebook's code and by ``trl.GRPOTrainer.compute_loss``) runs for the notebook's other loss types at
+the T4 recipe's loss settings on the smallest batch that accumulates (a group of 2 in 2 micro-batches of 1:
+``ACCUMULATING``); a loss with a known mistake must fail it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
+import re
 import types
 from pathlib import Path
 
@@ -22,30 +25,37 @@ import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_grpo_from_scratch.ipynb"
 SMOKE = Path(__file__).resolve().with_name("smoke.yaml")
-#: Cells not run here, by id: what they do is covered elsewhere.
-SKIPPED = {
-    "06-02": "the Colab install cell (tests/test_notebooks.py)",
-    "06-17": "the training run (nbmake runs the whole notebook)",
-    "06-21": "the check at the recipe's values and the T4 settings (nbmake runs and asserts it)",
-}
 #: The T4 recipe's accumulation of micro-batches of 1 (4 there), on a group of 2: what TRL's accumulation does to a
 #: loss shows with two micro-batches, and each sampled completion costs a CPU several forward and backward passes.
 ACCUMULATING = {"num_generations": 2, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 2}
+pytestmark = pytest.mark.slow  # the notebook trains
 
 
 @pytest.fixture(scope="module")
 def nb():
-    """The notebook's model, data, rewards and functions, after its cells ran (LoRA as initialised, not trained)."""
+    """The notebook's model (trained by its loop), data, rewards and functions, after every cell ran; a cell that
+    raises or whose assertion fails fails every test here."""
     namespace = types.ModuleType("notebook_06")
-    cells = nbformat.read(NOTEBOOK, as_version=4).cells
-    assert SKIPPED.keys() <= {cell.id for cell in cells}, "a skipped cell's id is gone: update SKIPPED"
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(os.environ, "GRPO_KIT_RECIPE", str(SMOKE))  # what nbmake runs it with: 32 new tokens
-        for cell in cells:
-            if cell.cell_type == "code" and cell.id not in SKIPPED:
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(io.StringIO()) as printed:
+        patch.setitem(os.environ, "GRPO_KIT_RECIPE", str(SMOKE))  # what the other notebooks run with: 32 new tokens
+        for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
+            if cell.cell_type == "code":
                 exec(compile(cell.source, str(NOTEBOOK), "exec"), namespace.__dict__)
     assert namespace.recipe.name == "smoke"
+    namespace.printed = printed.getvalue()  # what the learner reads under the cells
     return namespace
+
+
+def test_the_notebook_trains_and_checks_its_loss_against_trls_for_both_settings(nb):
+    """What its cells printed: a row of the training table per step, the held-out format rate before and after, and
+    the last cell's check for each setting (its assertions ran as the fixture ran the cell)."""
+    steps = [
+        line.split()[0] for line in nb.printed.splitlines() if re.fullmatch(r" *\d+ +-?[\d.]+ +\d+% +[-+][\d.]+", line)
+    ]
+    assert steps == [str(step) for step in range(1, nb.cfg.max_steps + 1)]
+    assert f"format rate on {len(nb.held_out)} held-out questions (greedy): {nb.before:.1%} before" in nb.printed
+    for label in ("cpu recipe", "T4 loss settings"):
+        assert f"{label}: loss_type=" in nb.printed and label in nb.settings
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The notebooks' imports and install cell, run; the Colab/Drive helpers they call (grpo_kit.colab); the curves.
 
 Running every notebook top to bottom is ``pytest --nbmake notebooks`` (the Makefile's test target, with
-GRPO_KIT_RECIPE=tests/smoke.yaml).
+GRPO_KIT_RECIPE=tests/smoke.yaml); 06 runs in tests/test_from_scratch.py when that module is collected too.
 """
 
 from __future__ import annotations
