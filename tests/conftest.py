@@ -84,12 +84,12 @@ def pytest_collection_modifyitems(config, items):
     tier = config.option.markexpr.strip()
     if tier in (REAL_UNSLOTH, REAL_VLLM):
         return
-    runs_it = {item.path.name for item in items} & set(RUN_BY_A_MODULE.values())  # a module that runs a notebook
+    collected = {item.path.name for item in items}
     keep = [
         item
         for item in items
         if not (item.get_closest_marker(REAL_UNSLOTH) or item.get_closest_marker(REAL_VLLM))
-        and not (item.path.suffix == ".ipynb" and RUN_BY_A_MODULE.get(item.path.name) in runs_it)
+        and RUN_BY_A_MODULE.get(item.path.name) not in collected
     ]
     if len(keep) != len(items):
         config.hook.pytest_deselected(items=[item for item in items if item not in keep])

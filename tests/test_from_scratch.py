@@ -67,7 +67,10 @@ def rows(nb):
     return nb.format_for_grpo(nb.questions, nb.tokenizer, few_shot=0, prefill=kit.prefill)[0]
 
 
-def check(nb, rows, settings, question: int = 0):
+def check(nb, rows, question: int, **loss):
+    """The notebook's check on ``rows[question]`` at the T4 loss settings, accumulated (``ACCUMULATING``), with
+    ``loss`` changed."""
+    settings = nb.recipe.replace(**{**nb.T4_LOSS, **ACCUMULATING, **loss}).grpo
     return nb.same_batch_check(nb.model, settings, rows[question])
 
 
@@ -77,8 +80,7 @@ def test_the_other_loss_types_are_trls_with_accumulation(nb, rows, loss_type, tm
     notebook does. The trainers it builds write nothing where it runs (their ``output_dir`` is the recipe's temporary
     one)."""
     monkeypatch.chdir(tmp_path)
-    settings = nb.recipe.replace(**{**nb.T4_LOSS, **ACCUMULATING, "loss_type": loss_type}).grpo
-    ours, theirs, error, _ = check(nb, rows, settings, question=1)
+    ours, theirs, error, _ = check(nb, rows, 1, loss_type=loss_type)
     assert nb.agrees(ours, theirs, error), (ours, theirs, error)
     assert list(tmp_path.iterdir()) == []
 
@@ -98,7 +100,6 @@ def divides_by_its_own_tokens(loss):
 @pytest.mark.parametrize("mistake", [ignores_old_logps, divides_by_its_own_tokens])
 def test_a_wrong_loss_fails_the_check(nb, rows, monkeypatch, mistake):
     monkeypatch.setattr(nb, "grpo_loss", mistake(nb.grpo_loss))
-    settings = nb.recipe.replace(**{**nb.T4_LOSS, **ACCUMULATING}).grpo
-    ours, theirs, error, _ = check(nb, rows, settings, question=2)
+    ours, theirs, error, _ = check(nb, rows, 2)
     assert math.isfinite(error) and any(ours), "the batch has gradients to compare"
     assert not nb.agrees(ours, theirs, error), (ours, theirs, error)
