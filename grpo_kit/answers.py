@@ -158,33 +158,30 @@ def normalize_number(text: str) -> str | None:
     if not isinstance(text, str):
         return None
     text = text[-MAX_SCAN_CHARS:].strip()
-    boxed = _BOXED.findall(text)
-    if boxed:
+    if boxed := _BOXED.findall(text):
         text = boxed[-1].strip()
     core = text.strip("$*_ \t\n")
-    fraction = _PLAIN_FRACTION.fullmatch(core)
-    if fraction:
+    if fraction := _PLAIN_FRACTION.fullmatch(core):
         return _fraction(*fraction.groups())
-    latex = _LATEX_FRACTION.fullmatch(core)
-    if latex:
-        return _fraction(latex.group(1) + latex.group(2), latex.group(3))
+    if latex := _LATEX_FRACTION.fullmatch(core):
+        return _fraction(latex[1] + latex[2], latex[3])
     numbers = list(_NUMBER.finditer(text))
     if not numbers or _offers_alternatives(text, numbers):
         return None
     lead = _LEAD.match(text)
-    if lead and not _CONCLUSION.search(lead.group("remark")):
-        return _to_canonical(lead.group("number"))
+    if lead and not _CONCLUSION.search(lead["remark"]):
+        return _to_canonical(lead["number"])
     if _is_exponent(text, numbers[-1].start()):
         return None
     # "72 clips" has one number; "3 + 4 = 7" has several: take the last, as a human reader would.
-    return _to_canonical(numbers[-1].group())
+    return _to_canonical(numbers[-1][0])
 
 
 def _offers_alternatives(text: str, numbers: list[re.Match]) -> bool:
     """True for "18 or 19": an "or" and two numbers of different value (``18 or 18.0`` is one answer)."""
     if len(numbers) < 2 or not _ALTERNATIVE.search(text):
         return False
-    return len({_to_canonical(number.group()) for number in numbers}) > 1
+    return len({_to_canonical(number[0]) for number in numbers}) > 1
 
 
 def _is_exponent(text: str, start: int) -> bool:
@@ -197,9 +194,7 @@ def _is_exponent(text: str, start: int) -> bool:
 
 def _fraction(numerator: str, denominator: str) -> str | None:
     numerator = numerator.replace("\u2212", "-").replace("--", "")
-    if len(numerator.lstrip("-")) > MAX_DIGITS or len(denominator) > MAX_DIGITS:
-        return None
-    if int(denominator) == 0:
+    if digit_count(numerator) > MAX_DIGITS or len(denominator) > MAX_DIGITS or int(denominator) == 0:
         return None
     with localcontext(prec=_PRECISION):
         value = Decimal(numerator) / Decimal(denominator)
@@ -222,7 +217,7 @@ def _canonical(value: Decimal) -> str | None:
     text = format(value, "f")
     if digit_count(text) > MAX_DIGITS:
         return None
-    return "0" if text in {"-0", "0"} else text
+    return "0" if text == "-0" else text
 
 
 def digit_count(number: str) -> int:
@@ -236,8 +231,6 @@ def answers_match(predicted: str | None, gold: str | None) -> bool:
     >>> answers_match("1,000", "1000"), answers_match("$72.00", "72"), answers_match("71", "72")
     (True, True, False)
     """
-    if predicted is None or gold is None:
-        return False
     left, right = normalize_number(predicted), normalize_number(gold)
     if left is None or right is None:
         return False

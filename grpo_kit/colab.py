@@ -128,9 +128,6 @@ def copy_to_drive(
     target = Path(dest) / folder.name
     with staged_dir(target, name=f".{target.name}.copying") as staging:  # a fixed name: a killed copy's goes next time
         for entry in entries:
-            if entry.is_dir():
-                shutil.copytree(entry, staging / entry.name)
-            else:
-                shutil.copy2(entry, staging / entry.name)
+            (shutil.copytree if entry.is_dir() else shutil.copy2)(entry, staging / entry.name)
         set_aside(target)  # before staged_dir's rename, which would delete an older copy
     return target

@@ -108,13 +108,13 @@ def choose_vllm(runtime: Runtime) -> tuple[str | None, str]:
             "replace Colab's torch or fail at `import vllm`. Training and evaluation generate with "
             "Unsloth/transformers instead (slower, same recipe)."
         )
-    note = ""
-    if runtime.capability < (8, 0):
-        note = (
-            " This GPU has no FlashAttention (vLLM uses another attention backend), which grpo-kit has not "
-            "verified; if vLLM's engine fails to start, training stops and names the fixes (--set use_vllm=false "
-            "among them)."
-        )
+    note = (
+        " This GPU has no FlashAttention (vLLM uses another attention backend), which grpo-kit has not "
+        "verified; if vLLM's engine fails to start, training stops and names the fixes (--set use_vllm=false "
+        "among them)."
+        if runtime.capability < (8, 0)
+        else ""
+    )
     return version, f"vLLM {version}: built for torch {runtime.torch_minor} + CUDA {runtime.cuda_major}, as here.{note}"
 
 

@@ -114,8 +114,9 @@ class Recipe:
 
 def recipes_dir() -> Path:
     """The shipped recipes: ``recipes/`` of a checkout, or the copy installed inside the package (see pyproject)."""
-    checkout = Path(__file__).resolve().parent.parent / "recipes"
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "recipes_data"
+    package = Path(__file__).resolve().parent
+    checkout = package.parent / "recipes"
+    return checkout if checkout.is_dir() else package / "recipes_data"
 
 
 def _read_yaml(path: Path) -> dict:
@@ -171,10 +172,9 @@ def parse_set(pairs: list[str]) -> dict[str, Any]:
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
             raise GrpoKitError(f"--set expects KEY=VALUE, got '{pair}'.")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
+        with contextlib.suppress(json.JSONDecodeError):
+            raw = json.loads(raw)
+        out[key.strip()] = raw
     return out
 
 
@@ -195,7 +195,7 @@ def build_recipe(values: Mapping[str, Any]) -> Recipe:
             raise
     parser = _parser(name)
     known = {action.dest: action for action in parser._actions}
-    unknown = sorted(k for k in values if k not in known)
+    unknown = sorted(values.keys() - known)
     if unknown:
         hints = [f"{k} -> {m[0]}" for k in unknown if (m := difflib.get_close_matches(k, known, n=1, cutoff=0.6))]
         raise GrpoKitError(
@@ -252,9 +252,7 @@ def _flag(action, value: Any, name: str) -> list[str]:
 
 
 def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    return json.dumps(value) if isinstance(value, (bool, dict, list)) else str(value)  # a bool: "true"/"false"
 
 
 def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
@@ -282,7 +280,8 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
         from grpo_kit.models import detect_device
 
         if "bf16" not in values and "fp16" not in values:  # TRL turns bf16 on, which a T4 cannot run
-            defaults.update(bf16=detect_device().bf16, fp16=not detect_device().bf16)
+            bf16 = detect_device().bf16
+            defaults.update(bf16=bf16, fp16=not bf16)
     else:  # a GPU tier's recipe still parses here (presets, planner); planner.check_device refuses to train it
         defaults.update(bf16=False, use_cpu=True, gradient_checkpointing=False)  # checkpointing only slows a CPU
     return defaults

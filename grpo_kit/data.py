@@ -228,7 +228,7 @@ def _hub_records(split: str):
 
     _check_cache()
     try:
-        hub = datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
+        return datasets.load_dataset(HUB_DATASET, HUB_CONFIG, split=split)
     except (OSError, DatasetsError) as err:
         why = f"{type(err).__name__}: {err}"
         raise GrpoKitError(
@@ -236,7 +236,6 @@ def _hub_records(split: str):
             "Check the network (and HF_HUB_OFFLINE), or use the bundled sample (--data sample) or a local "
             f"{', '.join(LOCAL_FORMATS)} file with 'question' and 'answer' fields (--data FILE)."
         ) from err
-    return hub
 
 
 def _file_records(path: Path, split: str = "train"):
@@ -341,8 +340,7 @@ def make_arithmetic_dataset(n: int = 64, seed: int = 0, *, exclude=()):
             rows.setdefault(question, {"question": question, "answer": str(result), "solution": solution})
     if len(rows) < n:
         raise GrpoKitError(f"Could only generate {len(rows)} distinct arithmetic problems; ask for n <= {len(rows)}.")
-    label = f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}"
-    return _to_dataset(list(rows.values()), label)
+    return _to_dataset(list(rows.values()), f"synthetic arithmetic (not GSM8K), n={n}, seed={seed}")
 
 
 def arithmetic_key(solution: str) -> str:

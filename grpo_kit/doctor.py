@@ -215,7 +215,7 @@ def cli_doctor(args) -> int:
         if values := [row[key] for row in runs.logged(history, key)]:
             print(f"{key}: mean {sum(values) / len(values):.3g}, last {values[-1]:.3g}, max {max(values):.3g}")
     saved = [folder.name for folder in runs.checkpoints(run_dir)]
-    resume = runs.latest_checkpoint(run_dir) if saved else None
+    resume = runs.latest_checkpoint(run_dir)
     print(f"checkpoints: {', '.join(saved) or 'none'}; --resume continues from {resume.name if resume else 'step 0'}")
     findings = diagnose(history, beta=run.recorded.get("beta", 0))
     for found in findings:

@@ -185,8 +185,7 @@ def generate(
     for start in tqdm(range(0, len(prompts), batch_size), desc=desc, disable=not progress, unit="batch"):
         inputs = tokenizer(
             list(prompts[start : start + batch_size]), return_tensors="pt", padding=True, padding_side="left"
-        )
-        inputs = inputs.to(model.device)
+        ).to(model.device)
         with torch.no_grad():
             new = model.generate(**inputs, generation_config=config, streamer=streamer)[
                 :, inputs["input_ids"].shape[1] :

@@ -162,7 +162,8 @@ def export(
     wanted = gguf_files.parse_names(formats, FORMATS, "export format(s)")
     gguf_types = gguf_files.parse_names(gguf_type, gguf_files.GGUF_TYPES, "GGUF type(s)") if "gguf" in wanted else []
     name = re.sub(r"[^A-Za-z0-9._-]+", "-", name or run.name).strip(".-") or "export"
-    out_dir, target = Path(out_dir), Path(out_dir) / name
+    out_dir = Path(out_dir)
+    target = out_dir / name
     _check_target(target, overwrite)
     recipe = run.recorded
     prompt = run.prompt  # the prompt it trained with (its run's recipe, or an exported adapter's), for each folder
@@ -183,8 +184,8 @@ def export(
     tokenizer = models.load_tokenizer(trained_path)
     files.remove_stale_staging(out_dir, name)  # left by an export that was killed mid-write (can be many GB)
     check_space(base_path, out_dir, name, wanted, gguf_types)
-    base_dir = gguf_files.local_base(base_path) if merging else None  # what check_weights compares with
-    if base_dir:
+    if merging:
+        base_dir = gguf_files.local_base(base_path)  # what check_weights compares with
         check_base(adapter_dir, base_dir, trained_on)
     results: list[ExportResult] = []
     try:
@@ -200,14 +201,13 @@ def export(
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
             if by_unsloth:
-                in_4bit = merge_base != trained_on or bool(recipe.get("load_in_4bit"))
                 made = gguf_files.run_unsloth(
                     adapter_dir,
                     trained_path,
                     scratch,
                     gguf_types,
                     merged16="merged16" in wanted,
-                    load_in_4bit=in_4bit,
+                    load_in_4bit=merge_base != trained_on or bool(recipe.get("load_in_4bit")),
                     say=print_fn,
                 )
             gguf_paths = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]

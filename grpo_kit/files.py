@@ -65,9 +65,7 @@ def staged_dir(final: str | os.PathLike, *, name: str | None = None):
         staging.mkdir()
     try:
         yield staging
-        old = final.with_name(f".{final.name}.old-{time.time_ns()}") if final.exists() else None
-        if old:
-            os.rename(final, old)
+        old = set_aside(final, prefix=".")  # moved away only now that the new folder is complete
         try:
             os.rename(staging, final)
         except OSError:

@@ -65,7 +65,7 @@ def write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None
 
 def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     """``{hf name: (gguf name, read)}`` for the embedding, the final norm and the first and last block of a GGUF file;
-    ``read(rows)`` dequantizes rows of one tensor (all by default) into the Hugging Face layout (transformers' own
+    ``read(rows)`` dequantizes rows of one tensor (a slice) into the Hugging Face layout (transformers' own
     tensor processor undoes llama's q/k row order), or returns None when the file lacks it."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
@@ -76,7 +76,7 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     processor = TENSOR_PROCESSORS.get(arch_name, TensorProcessor)(config=config)
     stored = {tensor.name: tensor for tensor in reader.tensors}
 
-    def read(gguf_name, rows=slice(None)):
+    def read(gguf_name, rows):
         if (tensor := stored.get(gguf_name)) is None:
             return None
         # Rows a to b alone (the file is memory-mapped), except llama's q/k, whose row order is undone over all rows.
@@ -112,11 +112,9 @@ def local_base(base_path: str) -> Path:
 def base_cached(base_path: str) -> bool:
     """True when the Hugging Face cache already holds ``base_path``'s weights (``local_base`` then downloads
     nothing)."""
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     try:
         folder = snapshot_download(base_path, allow_patterns=["*.safetensors"], local_files_only=True)
-    except (LocalEntryNotFoundError, OSError, ValueError):
+    except (OSError, ValueError):  # not cached: huggingface_hub's LocalEntryNotFoundError is a FileNotFoundError
         return False
     return any(Path(folder).glob("*.safetensors"))
 
@@ -172,7 +170,7 @@ def run_unsloth(
         )
     result = read_json(report)
     found = {"merged16": Path(result["merged16"])} if merged16 else {}
-    for path in (path for path in map(Path, result["gguf_files"]) if path.is_file()):
+    for path in filter(Path.is_file, map(Path, result["gguf_files"])):
         file_type = gguf.GGUFReader(path).fields["general.file_type"].contents()  # Unsloth names files its own way
         kind = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
         found.setdefault(kind, Path(shutil.move(path, scratch / path.name)))  # out of the folders removed next

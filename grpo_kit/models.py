@@ -388,7 +388,7 @@ class TorchChunkedLogProb:
         # torch.split yields one (empty) chunk for no tokens: empty tensors come back
         for rows, ids in zip(hidden.split(256), targets.split(256), strict=True):
             z = rows.float() @ weight.float().t()
-            z = (z if bias is None else z + bias.float()) * (1.0 if logit_scale is None else logit_scale)
+            z = (z if bias is None else z + bias.float()) * logit_scale
             z = (z if softcap is None else softcap * torch.tanh(z / softcap)) / temperature
             log_p = torch.log_softmax(z, dim=-1)
             log_probs.append(log_p.gather(-1, ids[:, None]).squeeze(-1))

@@ -186,7 +186,7 @@ def lora_param_count(shape: ModelShape, rank: int, targets) -> int:
     unknown = [t for t in targets if t not in _TARGET_DIMS]
     if unknown:
         raise GrpoKitError(f"Unknown LoRA target {unknown[0]!r}; the planner knows {', '.join(_TARGET_DIMS)}.")
-    return shape.layers * sum(rank * (shape.dim(_TARGET_DIMS[t][0]) + shape.dim(_TARGET_DIMS[t][1])) for t in targets)
+    return shape.layers * sum(rank * sum(map(shape.dim, _TARGET_DIMS[t])) for t in targets)
 
 
 def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | None = None) -> VramEstimate:
@@ -271,14 +271,16 @@ def check_device(recipe, device) -> None:
             "t4-16gb recipe."
         )
     shape = shape_for(recipe.model.model_name_or_path)
-    est = estimate_vram(recipe, shape, card_gb=device.vram_gb) if shape else None  # unknown offline: no check
+    if shape is None:  # unknown offline: no check
+        return
+    est = estimate_vram(recipe, shape, card_gb=device.vram_gb)
     problems = []
-    if est and not est.fits():
+    if not est.fits():
         problems.append(
             f"Recipe '{recipe.name}' with {shape.name} needs about {est.total_gib:.1f} GiB but "
             f"{device.name} has {device.vram_gb:.1f} GiB."
         )
-    if est and recipe.vllm_colocated and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
+    if recipe.vllm_colocated and est.vllm_share_gib - est.weights_gib < est.kv_needed_gib:
         problems.append(
             f"vLLM's share ({config.vllm_gpu_memory_utilization:.2f} × {device.vram_gb:.1f} GiB = "
             f"{est.vllm_share_gib:.1f} GiB) leaves less than the {est.kv_needed_gib:.2f} GiB of KV cache "

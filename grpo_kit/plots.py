@@ -30,7 +30,7 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
     """The figure ``plot_metrics`` saves (``frac_reward_zero_std``: groups whose completions all scored the same;
     ``semantic_entropy`` and ``reflection_rate``: ``grpo_kit.rewards``' metrics);
     a pyplot figure to show in a notebook, else a bare ``Figure`` (never displayed, no GUI backend)."""
-    fig = plt.figure(figsize=(15, 4)) if show else Figure(figsize=(15, 4))
+    fig = (plt.figure if show else Figure)(figsize=(15, 4))
     ax_reward, ax_length, ax_zero = fig.subplots(1, 3)
     _line(ax_reward, rows, "reward", "total reward", linewidth=2.5)
     _line(ax_reward, rows, "seed_grpo/reward", "total reward scaled by SEED-GRPO (trains)", linewidth=2.5)

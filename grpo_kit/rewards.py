@@ -69,9 +69,9 @@ def column(values: Any, index: int) -> Any:
 
 def _texts(completions: Sequence[Any] | None, prefill: Any = None) -> list[str]:
     """Completion texts with each one's prefill prepended (``prefill`` is a list per completion or one string)."""
-    heads = [column(prefill, i) for i in range(len(completions or ()))]
     return [
-        (h if isinstance(h, str) else "") + completion_text(c) for h, c in zip(heads, completions or (), strict=True)
+        (head if isinstance(head := column(prefill, i), str) else "") + completion_text(c)
+        for i, c in enumerate(completions or ())
     ]
 
 
@@ -107,9 +107,9 @@ def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list
     Exact after normalizing (``grpo_kit.answers``): "72.0", "$72", "72 clips", "\\boxed{72}" equal "72"."""
     golds = [column(answer, i) for i in range(len(completions or ()))]
     golds = [str(g) if isinstance(g, (int, float)) else g for g in golds]  # anything else reads as no number
-    texts = _texts(completions, prefill)
     return [
-        CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0 for t, g in zip(texts, golds, strict=True)
+        CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0
+        for t, g in zip(_texts(completions, prefill), golds, strict=True)
     ]
 
 
@@ -172,7 +172,7 @@ def semantic_entropy(completions, prompts=None, prefill=None, **kwargs) -> list[
     from accelerate.utils import gather_object
 
     texts = _texts(completions, prefill)
-    local = [(str(column(prompts, i)), normalize_number(extract_tagged_answer(t) or "")) for i, t in enumerate(texts)]
+    local = [(str(column(prompts, i)), normalize_number(extract_tagged_answer(t))) for i, t in enumerate(texts)]
     entropy = []  # gathered in TRL's order: each process's completions in turn
     for _, group in itertools.groupby(gather_object(local), key=lambda pair: pair[0]):
         answers = [answer or i for i, (_, answer) in enumerate(group)]  # an unreadable answer: a cluster of its own
@@ -288,12 +288,13 @@ def reward_functions(names: Sequence[str | Callable]) -> list[Callable[..., list
             f"Reward {duplicates[0]!r} is named twice; name it once and give it a larger weight (two different "
             "Python functions with one name, such as two lambdas: give each a name of its own, e.g. with def)."
         )
-    return [_reward_function(item.strip() if isinstance(item, str) else item) for item in names]
+    return list(map(_reward_function, names))
 
 
 def _reward_function(name: str | Callable) -> Callable[..., list[float]]:
     if not isinstance(name, str):
         return name  # a function passed in Python: used as it is
+    name = name.strip()
     if name in REWARDS:
         return REWARDS[name]
     module, _, function = name.partition(":")  # config._check refused unknown bare names (no ":")

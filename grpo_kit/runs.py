@@ -310,13 +310,13 @@ class Run:
                 return str(folder)
             aside = set_aside(folder, prefix="damaged-") if is_main else None
             skipped.append(f"{folder.name}: {problem}" + (f" (moved to {aside.name})" if aside else ""))
-        earlier = self._files()
+        earlier, moved = self._files(), ""
         if is_main and earlier:
             aside = Path(tempfile.mkdtemp(prefix=f"attempt.old-{time.strftime('%Y%m%d-%H%M%S')}-", dir=self.dir))
             aside.chmod(0o755)  # mkdtemp makes it private; it holds the run's own files, readable as they were
             for item in earlier:
                 os.rename(item, aside / item.name)
-        moved = f"; what the earlier attempt left is in {aside.name}" if is_main and earlier else ""
+            moved = f"; what the earlier attempt left is in {aside.name}"
         warnings.warn(
             f"--resume: no complete checkpoint in {self.dir}"
             + (f" ({'; '.join(skipped)})" if skipped else "")

@@ -7,6 +7,7 @@ Newcombe's paired interval (method 10, Stat. Med. 1998) built from two Wilson in
 """
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -60,13 +61,13 @@ def paired_difference(before: Sequence[bool], after: Sequence[bool]) -> PairedDi
             f"paired_difference needs the same questions scored twice: got {len(before)} and "
             f"{len(after)} results. Evaluate both models on the same held-out set."
         )
-    n, pairs = len(before), [(bool(x), bool(y)) for x, y in zip(before, after, strict=True)]
-    both, lost, gained = pairs.count((True, True)), pairs.count((True, False)), pairs.count((False, True))
-    neither = n - both - lost - gained
-    p1, p2 = (both + gained) / n, (both + lost) / n  # after, before
-    (l1, u1), (l2, u2) = wilson(both + gained, n), wilson(both + lost, n)
+    n, pairs = len(before), Counter(zip(map(bool, before), map(bool, after), strict=True))  # {(before, after): count}
+    both, lost, gained, neither = pairs[True, True], pairs[True, False], pairs[False, True], pairs[False, False]
+    right_after, right_before = both + gained, both + lost
+    p1, p2 = right_after / n, right_before / n  # after, before
+    (l1, u1), (l2, u2) = wilson(right_after, n), wilson(right_before, n)
     # Newcombe's phi: correlation of the paired outcomes, shrunk towards 0 by n/2 when positive.
-    denominator = math.sqrt((both + lost) * (gained + neither) * (both + gained) * (lost + neither))
+    denominator = math.sqrt(right_before * (gained + neither) * right_after * (lost + neither))
     numerator = both * neither - lost * gained
     phi = (max(numerator - n / 2, 0.0) if numerator > 0 else numerator) / denominator if denominator else 0.0
     low = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))

@@ -41,12 +41,12 @@ class TrainResult:
     def summary(self) -> str:
         start = "n/a" if self.reward_first is None else f"{self.reward_first:.3f}"
         end = "n/a" if self.reward_last is None else f"{self.reward_last:.3f}"
-        head = ""
-        if self.already_finished:
-            head = (
-                f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
-                "--set max_steps=N with --resume to train on)\n"
-            )
+        head = (
+            f"run already finished: step {self.steps} of {self.steps}, nothing was changed (pass a larger "
+            "--set max_steps=N with --resume to train on)\n"
+            if self.already_finished
+            else ""
+        )
         warnings = "".join(
             f"\nwarning: {f['message']} (seen at step {f['step']})" for f in self.findings if f["level"] == "warning"
         )

@@ -113,14 +113,15 @@ def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> E
         if t.change == 0.0:
             continue  # not touched by the LoRA (most weight tensors)
         effect = max(effect, t.change)
-        to_tuned.append(t.sums[0] / t.count)
-        to_base.append(t.sums[1] / t.count)
+        near_tuned, near_base, moved = (total / t.count for total in t.sums)  # the means of _Tally.sums
+        to_tuned.append(near_tuned)
+        to_base.append(near_base)
         # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
         # (the smaller distance): below that, rounding can erase the effect for real (a q8_0 block's step is 1/254 of
         # its largest weight, more than a short run's LoRA moves most weights), which is a note, not a broken export.
-        if t.sums[2] / t.count < 2 * min(to_tuned[-1], to_base[-1]):
+        if moved < 2 * min(near_tuned, near_base):
             lost += 1
-        elif not to_tuned[-1] < to_base[-1]:
+        elif not near_tuned < near_base:
             problems.append(f"{label} is closer to the base than to base+adapter: the LoRA weights are missing from it")
     if problems:
         raise GrpoKitError(
@@ -130,7 +131,7 @@ def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> E
         )
     note = (
         f"{fmt}: the adapter changes nothing checked here (LoRA B still zero?); check that training ran."
-        if (not to_tuned)
+        if not to_tuned
         else (
             f"{fmt}: in {lost} of {len(to_tuned)} checks the adapter's effect is lost in the storage "
             "noise; there a merged LoRA cannot be told from a missing one."
@@ -242,12 +243,11 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     here."""
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if fmt == "gguf":
-        config = read_json(base_dir / "config.json")
-        entries = gguf_files.gguf_tensors(path, config, base_files)
+        entries = gguf_files.gguf_tensors(path, read_json(base_dir / "config.json"), base_files)
     else:
         exported = _tensors(path)
 
-        def read_export(name, rows=slice(None)):  # None when missing, as gguf_tensors' read()
+        def read_export(name, rows):  # None when missing, as gguf_tensors' read()
             return exported[name][rows] if name in exported else None
 
         entries = {
