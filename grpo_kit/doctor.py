@@ -61,6 +61,20 @@ def _streak(rows: list, test) -> bool:
     return len(rows) >= PATIENCE and all(test(row) for row in rows[-PATIENCE:])
 
 
+def logged(history: list[dict], key: str) -> list[dict]:
+    """The rows of ``history`` that logged a number for ``key`` (not None: a NaN/inf is written as null)."""
+    return [row for row in history if isinstance(row.get(key), (int, float))]
+
+
+def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
+    """Mean ``reward`` over the first and the last ``window`` logged steps."""
+    values = [row["reward"] for row in logged(history, "reward")]
+    if not values:
+        return None, None
+    window = max(1, min(window, len(values) // 2 or 1))
+    return sum(values[:window]) / window, sum(values[-window:]) / window
+
+
 def learned_nothing(history: list[dict]) -> str | None:
     """What the log shows when the run had nothing to learn from, else None: no reward was ever given (every reward
     function returned None), or grad_norm was 0 at every logged step (each group's completions all scored the same,
@@ -72,7 +86,7 @@ def learned_nothing(history: list[dict]) -> str | None:
     rows = [row for row in history if "grad_norm" in row or "reward" in row]
     if not rows:
         return None
-    if not runs.logged(rows, "reward"):
+    if not logged(rows, "reward"):
         return f"no reward was given at any of {len(rows)} logged steps (every reward function returned None)"
     if all(row.get("grad_norm") == 0 for row in rows):
         return (
@@ -93,7 +107,7 @@ def collapse(history: list[dict]) -> str | None:
     ...     "completions/clipped_ratio": 1.0, "grad_norm": 0.0}])
     'at step 2 the reward fell from 0.250 to 0, every completion was cut at max_completion_length and grad_norm was 0'
     """
-    rows = runs.logged(history, "reward")
+    rows = logged(history, "reward")
     if not rows:
         return None
     last, best = rows[-1], max(row["reward"] for row in rows)
@@ -109,7 +123,7 @@ def collapse(history: list[dict]) -> str | None:
 
 def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dict[str, str]:
     """``{check: message}`` of what the rows logged so far show (``final``: the run has ended)."""
-    rows = runs.logged(history, "reward")
+    rows = logged(history, "reward")
     found, differ = {}, lambda row: row.get("frac_reward_zero_std", 0) < 0.9
     if rows and beta == 0:
         found["beta-0"] = BETA_ZERO
@@ -119,7 +133,7 @@ def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dic
         found["clipped"] = CLIPPED.format(n=PATIENCE)
     if _streak(rows, lambda row: row.get("grad_norm") == 0 and differ(row)):
         found["no-gradient"] = NO_GRADIENT.format(n=PATIENCE)
-    entropy = [row["entropy"] for row in runs.logged(rows, "entropy")]
+    entropy = [row["entropy"] for row in logged(rows, "entropy")]
     if _streak(entropy, lambda value: value < ENTROPY_SHARE * entropy[0]):
         found["entropy"] = ENTROPY.format(first=entropy[0], last=entropy[-1], n=PATIENCE)
     if len(rows) >= 2 * WINDOW and all(map(differ, rows[-WINDOW:])):
@@ -204,7 +218,7 @@ def cli_doctor(args) -> int:
     history = [row for row in run.history if "reward" in row]
     if not history:
         raise GrpoKitError(f"{run_dir}/metrics.jsonl has no logged step: give the folder of a grpo-kit train run.")
-    first, last = runs.reward_first_last(history)
+    first, last = reward_first_last(history)
     print(f"{run_dir}: {len(history)} logged steps, the last at step {history[-1].get('step')}")
     print(
         "reward: n/a"
@@ -212,7 +226,7 @@ def cli_doctor(args) -> int:
         else f"reward: {first:.3f} -> {last:.3f} (means of the first and of the last logged steps)"
     )
     for key in ("frac_reward_zero_std", "completions/clipped_ratio", "grad_norm"):
-        if values := [row[key] for row in runs.logged(history, key)]:
+        if values := [row[key] for row in logged(history, key)]:
             print(f"{key}: mean {sum(values) / len(values):.3g}, last {values[-1]:.3g}, max {max(values):.3g}")
     saved = [folder.name for folder in runs.checkpoints(run_dir)]
     resume = runs.latest_checkpoint(run_dir)

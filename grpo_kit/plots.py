@@ -6,8 +6,9 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from grpo_kit.doctor import logged
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import logged, read_metrics
+from grpo_kit.runs import read_metrics
 
 
 def plot_metrics(metrics: str | os.PathLike, out: str | os.PathLike | None = None, *, show: bool = False) -> Path:

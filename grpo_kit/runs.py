@@ -559,17 +559,3 @@ def read_metrics(path: str | os.PathLike) -> list[dict]:
             with contextlib.suppress(json.JSONDecodeError):
                 rows.append(json.loads(line))
     return rows
-
-
-def logged(history: list[dict], key: str) -> list[dict]:
-    """The rows of ``history`` that logged a number for ``key`` (not None: a NaN/inf is written as null)."""
-    return [row for row in history if isinstance(row.get(key), (int, float))]
-
-
-def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | None, float | None]:
-    """Mean ``reward`` over the first and the last ``window`` logged steps."""
-    values = [row["reward"] for row in logged(history, "reward")]
-    if not values:
-        return None, None
-    window = max(1, min(window, len(values) // 2 or 1))
-    return sum(values[:window]) / window, sum(values[-window:]) / window

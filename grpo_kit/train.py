@@ -164,10 +164,10 @@ def run_folder(recipe, output_dir: str | os.PathLike | None = None) -> Path:
 
 
 def _result(run, adapter_dir: Path, steps: int, seconds: float, *, already_finished: bool = False) -> TrainResult:
-    from grpo_kit.doctor import diagnose
+    from grpo_kit.doctor import diagnose, reward_first_last
 
     history = run.history
-    first, last = runs.reward_first_last(history)
+    first, last = reward_first_last(history)
     return TrainResult(
         run_dir=run.dir,
         adapter_dir=adapter_dir,

@@ -8,8 +8,9 @@ import pytest
 from tiny_cli import tiny_recipe
 
 from grpo_kit.config import load_recipe
+from grpo_kit.doctor import reward_first_last
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.runs import Run, latest_checkpoint, read_metrics, reward_first_last
+from grpo_kit.runs import Run, latest_checkpoint, read_metrics
 from grpo_kit.train import run_folder, train
 
 
