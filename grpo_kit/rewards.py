@@ -239,6 +239,8 @@ def seed_grpo(funcs: Sequence[Callable], recipe) -> list[Callable]:
 
 
 #: The built-in rewards that are metrics: logged under their own name (weight 0 in the recipes: they never train).
+#: Weight-0 rewards, not ``log_metric``/``log_extra`` calls from another reward: TRL logs each one's mean, std and
+#: per-completion column itself, and a recipe adds or drops one by name like any reward.
 METRICS = ("format_rate", "semantic_entropy", "reflection_rate")
 #: name -> reward function, in the order of the README's reward table.
 REWARDS: dict[str, Callable[..., list[float]]] = {
