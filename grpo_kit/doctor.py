@@ -137,7 +137,7 @@ def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dic
     if _streak(entropy, lambda value: value < ENTROPY_SHARE * entropy[0]):
         found["entropy"] = ENTROPY.format(first=entropy[0], last=entropy[-1], n=PATIENCE)
     if len(rows) >= 2 * WINDOW and all(map(differ, rows[-WINDOW:])):
-        first, last = (sum(row["reward"] for row in part) / WINDOW for part in (rows[:WINDOW], rows[-WINDOW:]))
+        first, last = reward_first_last(rows, WINDOW)  # rows >= 2 * WINDOW: the first and last WINDOW rows
         if last <= first:
             found["flat"] = FLAT.format(n=len(rows), first=first, last=last, w=WINDOW)
     if why := collapse(rows):

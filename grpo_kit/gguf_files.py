@@ -53,20 +53,23 @@ def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) ->
     return items
 
 
-def write_modelfile(folder: Path, gguf_files: Sequence[Path], tokenizer) -> None:
-    """An Ollama ``Modelfile`` beside the GGUF files: ``FROM`` the first type asked for, and the chat's stop tokens."""
+def write_modelfile(gguf_file: Path, tokenizer) -> None:
+    """An Ollama ``Modelfile`` beside ``gguf_file`` (the first type asked for): ``FROM`` it, and the chat's stop
+    tokens."""
     stops = [
         f'PARAMETER stop "{stop}"'
         for stop in ("<|im_end|>", "<|eot_id|>", "<end_of_turn>")
         if stop in tokenizer.get_vocab()
     ]
-    (folder / "Modelfile").write_text("\n".join([f"FROM ./{gguf_files[0].name}", *stops]) + "\n", encoding="utf-8")
+    gguf_file.with_name("Modelfile").write_text(
+        "\n".join([f"FROM ./{gguf_file.name}", *stops]) + "\n", encoding="utf-8"
+    )
 
 
 def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     """``{hf name: (gguf name, read)}`` for the embedding, the final norm and the first and last block of a GGUF file;
     ``read(rows)`` dequantizes rows of one tensor (a slice) into the Hugging Face layout (transformers' own
-    tensor processor undoes llama's q/k row order), or returns None when the file lacks it."""
+    tensor processor undoes llama's q/k row order); ``read`` is None when the file lacks the tensor."""
     from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
     reader = gguf.GGUFReader(path)
@@ -77,8 +80,7 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
     stored = {tensor.name: tensor for tensor in reader.tensors}
 
     def read(gguf_name, rows):
-        if (tensor := stored.get(gguf_name)) is None:
-            return None
+        tensor = stored[gguf_name]
         # Rows a to b alone (the file is memory-mapped), except llama's q/k, whose row order is undone over all rows.
         whole = ".attn_q." in gguf_name or ".attn_k." in gguf_name
         values = gguf.quants.dequantize(tensor.data if whole else tensor.data[rows], tensor.tensor_type)
@@ -91,7 +93,10 @@ def gguf_tensors(path: Path, config: dict, hf_names) -> dict:
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias")) or ""
         ends = gguf_name in {"token_embd.weight", "output_norm.weight"}
         if ends or gguf_name.startswith(("blk.0.", f"blk.{layers - 1}.")):
-            wanted[hf_name] = (f"{gguf_name} ({hf_name})", functools.partial(read, gguf_name))
+            wanted[hf_name] = (
+                f"{gguf_name} ({hf_name})",
+                functools.partial(read, gguf_name) if gguf_name in stored else None,
+            )
     return wanted
 
 

@@ -267,9 +267,9 @@ def _transformers_load(model_id: str, dtype: str, load_in_4bit: bool):
 
 def resolve_model_id(model: str) -> str:
     """The kit's model names as ``from_pretrained`` takes them: the embedded ids become their folders."""
-    if model == EMBEDDED_4BIT_ID:
-        return str(embedded_model_path(quantized=True))
-    return str(embedded_model_path()) if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME} else model
+    if model in {EMBEDDED_ID, "embedded", EMBEDDED_NAME, EMBEDDED_4BIT_ID}:
+        return str(embedded_model_path(quantized=model == EMBEDDED_4BIT_ID))
+    return model
 
 
 @functools.lru_cache(maxsize=4)

@@ -10,7 +10,7 @@ dropped the LoRA. Weights, not logits: a wrong chat template would not show here
 from __future__ import annotations
 
 import dataclasses
-import functools
+import itertools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,61 +59,48 @@ class ExportResult:
 BLOCK_VALUES = 2**24
 
 
-@dataclass
-class _Tally:
-    """One tensor's comparison, added up block by block."""
-
-    diff: float = 0.0  # max |got - expected|
-    scale: float = 0.0  # max |expected|
-    change: float = 0.0  # max |expected - base|: the adapter's effect
-    sums: tuple[float, float, float] = (0.0, 0.0, 0.0)  # sum |got - expected|, |got - base|, |expected - base|
-    count: int = 0
-    problem: str = ""
-
-    def add(self, label: str, got, expected, base) -> None:
-        if self.problem:
-            return
-        if got is None or got.numel() != expected.numel():
-            self.problem = (
-                f"{label} is missing" if got is None else f"{label} has {got.numel()} values, not {expected.numel()}"
-            )
-            return
-        got = got.float().reshape(expected.shape)
-        if bad := [
-            what
-            for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
-            if not torch.isfinite(t).all()
-        ]:
-            self.problem = f"{label}: NaN/inf in {' and '.join(bad)}"
-            return
-        diff, to_base, change = (got - expected).abs(), (got - base).abs(), (expected - base).abs()
-        self.diff, self.change = max(self.diff, float(diff.max())), max(self.change, float(change.max()))
-        self.scale = max(self.scale, float(expected.abs().max()))
-        self.sums = tuple(a + float(b.sum()) for a, b in zip(self.sums, (diff, to_base, change), strict=True))
-        self.count += expected.numel()
-
-
 def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> ExportResult:
     """Check ``(label, got, expected, base)`` tensors (``got`` None when the export lacks it): each finite, within
     ``rtol * max |expected|`` of ``expected``, and closer to it than to ``base`` where the adapter's effect is above the
     noise. Consecutive items with the same label are blocks of rows of one tensor, checked as that tensor: host memory
     holds one block at a time (``BLOCK_VALUES``). ``GrpoKitError`` naming the first failures."""
-    tallies: dict[str, _Tally] = {}
-    for label, got, expected, base in items:
-        tallies.setdefault(label, _Tally()).add(label, got, expected, base)
     problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
-    for label, t in tallies.items():
-        if t.problem:
-            problems.append(t.problem)
+    for label, blocks in itertools.groupby(items, key=lambda item: item[0]):  # one tensor's blocks of rows
+        problem, count = "", 0
+        diff, scale, change = 0.0, 0.0, 0.0  # max |got - expected|, max |expected|, max |expected - base|: the effect
+        sums = (0.0, 0.0, 0.0)  # sum |got - expected|, |got - base|, |expected - base|
+        for _, got, expected, base in blocks:
+            if got is None or got.numel() != expected.numel():
+                problem = (
+                    f"{label} is missing"
+                    if got is None
+                    else f"{label} has {got.numel()} values, not {expected.numel()}"
+                )
+                break
+            got = got.float().reshape(expected.shape)
+            if bad := [
+                what
+                for what, t in (("the export", got), ("base+adapter", expected), ("the base", base))
+                if not torch.isfinite(t).all()
+            ]:
+                problem = f"{label}: NaN/inf in {' and '.join(bad)}"
+                break
+            gap, from_base, delta = (got - expected).abs(), (got - base).abs(), (expected - base).abs()
+            diff, change = max(diff, float(gap.max())), max(change, float(delta.max()))
+            scale = max(scale, float(expected.abs().max()))
+            sums = tuple(a + float(b.sum()) for a, b in zip(sums, (gap, from_base, delta), strict=True))
+            count += expected.numel()
+        if problem:
+            problems.append(problem)
             continue
-        limit = rtol * t.scale
-        worst = max(worst or (0.0, limit), (t.diff, limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
-        if not t.diff <= limit:
-            problems.append(f"{label}: max |d| {t.diff:.3g} exceeds the limit {limit:.3g}")
-        if t.change == 0.0:
+        limit = rtol * scale
+        worst = max(worst or (0.0, limit), (diff, limit), key=lambda pair: pair[0] / (pair[1] or 1e-30))
+        if not diff <= limit:
+            problems.append(f"{label}: max |d| {diff:.3g} exceeds the limit {limit:.3g}")
+        if change == 0.0:
             continue  # not touched by the LoRA (most weight tensors)
-        effect = max(effect, t.change)
-        near_tuned, near_base, moved = (total / t.count for total in t.sums)  # the means of _Tally.sums
+        effect = max(effect, change)
+        near_tuned, near_base, moved = (total / count for total in sums)  # the means of sums
         to_tuned.append(near_tuned)
         to_base.append(near_base)
         # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
@@ -246,12 +233,8 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
         entries = gguf_files.gguf_tensors(path, read_json(base_dir / "config.json"), base_files)
     else:
         exported = _tensors(path)
-
-        def read_export(name, rows):  # None when missing, as gguf_tensors' read()
-            return exported[name][rows] if name in exported else None
-
         entries = {
-            name: (name, functools.partial(read_export, name))
+            name: (name, exported[name].__getitem__ if name in exported else None)  # None: missing, as gguf_tensors'
             for name in base_files
             if name in exported or name != "lm_head.weight"
         }  # a tied head may be left out: its embedding is here
@@ -261,7 +244,7 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
             stored = base_files[name]
             for rows in _blocks(stored.shape):
                 base = stored[rows if stored.shape else ...].float()
-                yield label, read(rows), base + deltas[name](rows) if name in deltas else base, base
+                yield label, read(rows) if read else None, base + deltas[name](rows) if name in deltas else base, base
 
     what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
     return check_tensors(
