@@ -22,8 +22,8 @@ from transformers import TrainerCallback, TrainerState
 
 from grpo_kit.doctor import Doctor
 from grpo_kit.errors import GrpoKitError
-from grpo_kit.rewards import METRICS, completion_text
-from grpo_kit.runs import Run, disk_full, numerics_error, resume_hint
+from grpo_kit.rewards import completion_text
+from grpo_kit.runs import Run, disk_full, history_rows, numerics_error, resume_hint
 
 
 def is_finite_number(value: Any) -> bool:
@@ -191,10 +191,8 @@ class ScheduleToMaxSteps(TrainerCallback):
 class TrainingRun(Run, TrainerCallback):
     """A run folder being trained (``TrainingRun.open``, as ``runs.Run.open``), and the trainer callback that records
     it: its ``run.json`` as training begins, and its history, the Trainer's ``log_history`` (restored with a checkpoint:
-    what a killed run logged after it is gone), as ``metrics.jsonl`` after each log (the plots and resume read it), each
-    ``rewards/<name>/mean`` as ``reward/<name>``. ``reward`` is the one meaning of "total reward" in the kit: TRL's
-    weighted sum of the rewards, averaged over the batch; under SEED-GRPO the sum of what they gave, the scaled sum
-    that trains being ``seed_grpo/reward``.
+    what a killed run logged after it is gone), as ``metrics.jsonl`` after each log (``runs.history_rows``: the plots,
+    the doctor and resume read it).
 
     ``GRPOTrainer(callbacks=run.callbacks)`` gets it with the numerics guard, the resumed schedule and the run doctor.
     ``with TrainingRun.open(...) as run:`` around the trainer, its training and the save releases the lock at the end,
@@ -247,21 +245,8 @@ class TrainingRun(Run, TrainerCallback):
             self.on_log(args, state, control)  # a resumed run's history as far as its checkpoint
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not state.is_world_process_zero:
-            return
-        rows = []
-        for logged in state.log_history:
-            if "train_runtime" not in logged:  # the Trainer's closing summary is no step
-                row = {"step": logged["step"]}  # first, as the Trainer adds it last
-                for key, value in logged.items():
-                    if key.startswith("rewards/") and key.endswith("/mean"):
-                        name = key[8:-5]
-                        key = name if name in METRICS else f"reward/{name}"  # format_rate and the like: metrics
-                    row[key] = value
-                if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
-                    row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
-                rows.append(row)
-        self.write_history(rows)
+        if state.is_world_process_zero:
+            self.write_history(history_rows(state.log_history))
 
 
 def _excerpt(text: str, length: int = 80) -> str:

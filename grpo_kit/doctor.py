@@ -179,7 +179,7 @@ class Doctor(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         """A resumed run: what was said up to its checkpoint is not said again (its history's findings and
         ``doctor.jsonl``'s rows to that step); rows said after the checkpoint go, as the Trainer drops those steps."""
-        self.said = set(check(state.log_history, beta=args.beta))
+        self.said = set(check(runs.history_rows(state.log_history), beta=args.beta))
         if state.is_world_process_zero and self.path:
             rows = runs.read_metrics(self.path)  # a JSON line per finding ([] without the file)
             kept = [row for row in rows if row["step"] <= state.global_step]
@@ -191,7 +191,7 @@ class Doctor(TrainerCallback):
         if not state.is_world_process_zero or "reward" not in logs:
             return
         final = state.global_step >= state.max_steps  # the Trainer's log_history: every step, a resumed run's too
-        for name, message in check(state.log_history, beta=args.beta, final=final).items():
+        for name, message in check(runs.history_rows(state.log_history), beta=args.beta, final=final).items():
             if name in self.said:
                 continue
             self.said.add(name)

@@ -33,6 +33,7 @@ from grpo_kit.files import (
     write_json,
     write_jsonl,
 )
+from grpo_kit.rewards import METRICS
 
 #: A run folder's lock (filelock's) and the PID of the process training there (filelock 3.x empties its own file).
 LOCK_NAME = ".grpo-kit.lock"
@@ -548,6 +549,31 @@ class Run:
 def is_run_folder(folder: Path) -> bool:
     """True for a folder a training run wrote: its ``run.json`` (written before the first step) or a checkpoint."""
     return (folder / "run.json").exists() or any(checkpoint_step(item) for item in folder.iterdir())
+
+
+def history_rows(log_history: list[dict]) -> list[dict]:
+    """The Trainer's ``log_history`` as the kit's history (``metrics.jsonl``, what the doctor reads): a row per logged
+    step, each ``rewards/<name>/mean`` as ``reward/<name>`` (a metric such as ``format_rate`` by its name). ``reward``
+    is the one meaning of "total reward" in the kit: TRL's weighted sum of the rewards, averaged over the batch; under
+    SEED-GRPO the sum of what they gave, the scaled sum that trains being ``seed_grpo/reward``.
+
+    >>> history_rows([{"rewards/format/mean": 1.0, "reward": 0.5, "reward_unscaled": 1.0, "step": 1}, {"step": 1,
+    ...     "train_runtime": 9.0}])
+    [{'step': 1, 'reward/format': 1.0, 'reward': 1.0, 'seed_grpo/reward': 0.5}]
+    """
+    rows = []
+    for logged in log_history:
+        if "train_runtime" not in logged:  # the Trainer's closing summary is no step
+            row = {"step": logged["step"]}  # first, as the Trainer adds it last
+            for key, value in logged.items():
+                if key.startswith("rewards/") and key.endswith("/mean"):
+                    name = key[8:-5]
+                    key = name if name in METRICS else f"reward/{name}"
+                row[key] = value
+            if "reward_unscaled" in row:  # SEED-GRPO (rewards.seed_grpo): `reward` stays what the rewards gave
+                row["seed_grpo/reward"], row["reward"] = row["reward"], row.pop("reward_unscaled")
+            rows.append(row)
+    return rows
 
 
 def read_metrics(path: str | os.PathLike) -> list[dict]:

@@ -55,6 +55,29 @@ def test_flat_reward_and_collapsing_entropy_are_found_where_they_start():
     assert [(f["check"], f["step"]) for f in diagnose(entropy, beta=0.04)] == [("entropy", 2 + PATIENCE)]
 
 
+def test_the_doctor_says_during_training_what_the_replayed_history_shows_under_seed_grpo(tmp_path):
+    """SEED-GRPO logs the scaled sum as TRL's ``reward`` and what the rewards gave as ``reward_unscaled``: the live
+    doctor reads the history as ``metrics.jsonl`` has it (``reward`` the unscaled sum), as ``diagnose`` replays it.
+    Here the scaled reward stays flat while the rewards given rise: no "flat" finding either way."""
+    from types import SimpleNamespace
+
+    from grpo_kit.doctor import Doctor
+    from grpo_kit.runs import history_rows
+
+    state = SimpleNamespace(is_world_process_zero=True, log_history=[], global_step=0, max_steps=2 * WINDOW)
+    args = SimpleNamespace(beta=0.04, report_to=[])
+    doctor = Doctor(tmp_path)
+    for step in range(1, 2 * WINDOW + 1):
+        logs = {"reward": 0.5, "reward_unscaled": 0.05 * step, "frac_reward_zero_std": 0.5, "grad_norm": 0.3}
+        state.log_history.append({**logs, "step": step})
+        state.global_step = step
+        doctor.on_log(args, state, None, logs=logs)
+    assert not (tmp_path / "doctor.jsonl").exists()  # nothing said while training
+    assert diagnose(history_rows(state.log_history), beta=0.04) == []
+    flat = [{**row, "reward_unscaled": 0.5} for row in state.log_history]  # the rewards given stay flat: said
+    assert [f["check"] for f in diagnose(history_rows(flat), beta=0.04)] == ["flat"]
+
+
 def _findings(run_dir) -> dict[str, int]:
     """``{check: step}`` of what the Doctor callback said during the run (``doctor.jsonl``)."""
     rows = [json.loads(line) for line in (run_dir / "doctor.jsonl").read_text().splitlines()]
