@@ -368,9 +368,7 @@ def ensure_logprob_kernel() -> None:
     import torch
     from trl.trainer import utils
 
-    if hasattr(utils, "_ChunkedLogProbFunction") and (
-        utils._ChunkedLogProbFunction is None or not torch.cuda.is_available()
-    ):
+    if utils._ChunkedLogProbFunction is None or not torch.cuda.is_available():  # TRL 1.15 sets it None without Triton
         utils._ChunkedLogProbFunction = TorchChunkedLogProb
 
 
