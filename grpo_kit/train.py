@@ -189,7 +189,6 @@ def cli_train(args) -> int:
     """``grpo-kit train``: the recipe (``--preset``/``--recipe``, or the run's own with ``--resume``) and its
     ``--set`` changes, then ``train``, the summary and the curves."""
     from grpo_kit.config import build_recipe, load_recipe, parse_set
-    from grpo_kit.plots import plot_metrics
 
     changes = parse_set(args.set)
     if args.resume and not args.output:
@@ -219,6 +218,8 @@ def cli_train(args) -> int:
         lenient=args.lenient,
     )
     from accelerate import PartialState
+
+    from grpo_kit.plots import plot_metrics  # its analyses import transformers: after Unsloth, which train imported
 
     if PartialState().is_main_process:  # under accelerate launch: one summary and one plot
         # a finished run that only resumed changed nothing, not even the plot
