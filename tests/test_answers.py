@@ -305,9 +305,9 @@ def test_answers_match(predicted, gold, expected):
     ],
 )
 def test_long_adversarial_input_is_fast(text):
-    """No regex backtracks over these 100,000 characters: read in linear time they take about 0.01 s of CPU here,
-    backtracking quadratically would be some 10^10 regex steps. The bound, 1 s of this process's CPU time (not wall time: the
-    other pytest worker may be training beside it), sits a factor of 100 above the linear time."""
+    """No regex backtracks over these 100,000 characters: read in linear time they take about 0.01 s of CPU here;
+    backtracking quadratically would be some 10^10 regex steps. The bound, 1 s of this process's CPU time (not wall
+    time: the other pytest worker may be training beside it), sits a factor of 100 above the linear time."""
     start = time.process_time()
     extract_tagged_answer(text)
     extract_last_number(text)
