@@ -84,8 +84,9 @@ _CONCLUSION = re.compile(
 )
 # Two different numbers offered as alternatives ("18 or 19") are no answer.
 _ALTERNATIVE = re.compile(r"\b(?:or|either)\b", re.IGNORECASE)
-# A "**" right after an operand ("10**3", "10 ** 3") is a power; before a number with a space in front it is bold.
-_POWER = re.compile(r"(?:[\w)\]}]\*\*\s*|[\w)\]}]\s+\*\*\s+)\Z")
+# A "^" ("2^3", "10 ^ 3") or a "**" right after an operand ("10**3", "10 ** 3") is a power; before a number with a
+# space in front "**" is bold.
+_POWER = re.compile(r"(?:\^\s*|[\w)\]}]\*\*\s*|[\w)\]}]\s+\*\*\s+)\Z")
 
 
 def strip_end_markers(text: str) -> str:
@@ -166,7 +167,8 @@ def normalize_number(text: str) -> str | None:
     if latex := _LATEX_FRACTION.fullmatch(core):
         return _fraction(latex[1] + latex[2], latex[3])
     numbers = list(_NUMBER.finditer(text))
-    if not numbers or _offers_alternatives(text, numbers):
+    # "18 or 19": an "or" and numbers of different values is no answer ("18 or 18.0" is one)
+    if not numbers or (_ALTERNATIVE.search(text) and len({_to_canonical(number[0]) for number in numbers}) > 1):
         return None
     lead = _LEAD.match(text)
     if lead and not _CONCLUSION.search(lead["remark"]):
@@ -177,17 +179,9 @@ def normalize_number(text: str) -> str | None:
     return _to_canonical(numbers[-1][0])
 
 
-def _offers_alternatives(text: str, numbers: list[re.Match]) -> bool:
-    """True for "18 or 19": an "or" and two numbers of different value (``18 or 18.0`` is one answer)."""
-    if len(numbers) < 2 or not _ALTERNATIVE.search(text):
-        return False
-    return len({_to_canonical(number[0]) for number in numbers}) > 1
-
-
 def _is_exponent(text: str, start: int) -> bool:
     """True when the number at ``start`` is an exponent: after "^", an operand's "**", or the "e" of "1e5"."""
-    before = text[max(0, start - 8) : start]
-    if before.rstrip().endswith("^") or _POWER.search(before):
+    if _POWER.search(text[max(0, start - 8) : start]):
         return True
     return start >= 2 and text[start - 1] in "eE" and text[start - 2].isdigit()
 
@@ -231,7 +225,5 @@ def answers_match(predicted: str | None, gold: str | None) -> bool:
     >>> answers_match("1,000", "1000"), answers_match("$72.00", "72"), answers_match("71", "72")
     (True, True, False)
     """
-    left, right = normalize_number(predicted), normalize_number(gold)
-    if left is None or right is None:
-        return False
-    return Decimal(left) == Decimal(right)
+    left = normalize_number(predicted)  # canonical: one string per value (1000, 0.75, -7; "-0" is "0")
+    return left is not None and left == normalize_number(gold)

@@ -69,7 +69,19 @@ class GuardedReward:
             if len(scores) != len(completions):
                 raise ValueError(f"it returned {len(scores)} scores for {len(completions)} completions")
         except Exception as error:  # user code: one clear message, the traceback kept in the run folder
-            raise self._raised(error, where, completions) from error
+            frame = traceback.extract_tb(error.__traceback__)[-1]  # the line of the user's code that raised
+            saved = f" ({Path(frame.filename).name}, line {frame.lineno})"
+            if self.run_dir is not None and Path(self.run_dir).is_dir():
+                path = Path(self.run_dir) / "reward-error.txt"
+                path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
+                saved += f". Full traceback: {path}"
+            first = _excerpt(completion_text(completions[0])) if completions else "n/a"
+            raise GrpoKitError(
+                f"The reward function '{self.__name__}' raised {type(error).__name__}: "
+                f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
+                "function (it must return one float or None per completion, for any text) or leave it out "
+                f"of reward_funcs.{resume_hint(self.run_dir)}"
+            ) from error
         for index, score in enumerate(scores):
             if isinstance(score, bool):  # TRL would take True for 1.0; a reward is a number, said as such
                 raise GrpoKitError(
@@ -89,21 +101,6 @@ class GuardedReward:
                 )
         return scores
 
-    def _raised(self, error: Exception, where: str, completions) -> GrpoKitError:
-        frame = traceback.extract_tb(error.__traceback__)[-1]  # the line of the user's code that raised
-        saved = f" ({Path(frame.filename).name}, line {frame.lineno})"
-        if self.run_dir is not None and Path(self.run_dir).is_dir():
-            path = Path(self.run_dir) / "reward-error.txt"
-            path.write_text("".join(traceback.format_exception(error)), encoding="utf-8")
-            saved += f". Full traceback: {path}"
-        first = _excerpt(completion_text(completions[0])) if completions else "n/a"
-        return GrpoKitError(
-            f"The reward function '{self.__name__}' raised {type(error).__name__}: "
-            f"{str(error)[:200]} {where} (first completion of the batch: {first!r}){saved}. Fix the "
-            "function (it must return one float or None per completion, for any text) or leave it out "
-            f"of reward_funcs.{resume_hint(self.run_dir)}"
-        )
-
 
 def check_rewards(funcs, row: dict, tokenizer) -> None:
     """Call each plain reward function once, as TRL will, on made-up completions of one training prompt (a right
@@ -118,7 +115,7 @@ def check_rewards(funcs, row: dict, tokenizer) -> None:
                 prompts=[row["prompt"]] * len(texts),
                 completions=completions,
                 trainer_state=TrainerState(),
-                completion_ids=[tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts],
+                completion_ids=tokenizer(texts, add_special_tokens=False)["input_ids"],
                 log_extra=lambda *args, **kwargs: None,
                 log_metric=lambda *args, **kwargs: None,
                 **columns,
@@ -179,13 +176,12 @@ class ScheduleToMaxSteps(TrainerCallback):
     def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         if not state.global_step or not hasattr(lr_scheduler, "lr_lambdas"):  # a fresh run; not a LambdaLR schedule
             return
-        rates = [
-            base * rate(lr_scheduler.last_epoch)
-            for base, rate in zip(lr_scheduler.base_lrs, lr_scheduler.lr_lambdas, strict=True)
-        ]
-        for group, rate in zip(optimizer.param_groups, rates, strict=True):
-            group["lr"] = rate
-        lr_scheduler._last_lr = rates  # what the Trainer logs as learning_rate
+        for group, base, rate in zip(
+            optimizer.param_groups, lr_scheduler.base_lrs, lr_scheduler.lr_lambdas, strict=True
+        ):
+            group["lr"] = base * rate(lr_scheduler.last_epoch)
+        # what the Trainer logs as learning_rate
+        lr_scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
 
 
 class TrainingRun(Run, TrainerCallback):

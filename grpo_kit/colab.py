@@ -51,8 +51,8 @@ def workspace(*, drive: bool = True) -> Path:
     """The folder that holds ``runs/`` and ``exports/``: ``$GRPO_KIT_WORKSPACE`` when set; on Colab (and ``drive``)
     ``MyDrive/grpo-kit``, mounting Drive first; else the grpo-kit checkout around the working directory, else the
     working directory itself (on Colab: ``/content``, the runtime's own disk)."""
-    if os.environ.get(WORKSPACE_ENV):
-        return Path(os.environ[WORKSPACE_ENV]).expanduser().resolve()
+    if chosen := os.environ.get(WORKSPACE_ENV):
+        return Path(chosen).expanduser().resolve()
     if drive and (on_drive := mount_drive()):
         return on_drive
     here = Path.cwd().resolve()  # a notebook runs in notebooks/: its runs go to the checkout's runs/, as the CLI's do

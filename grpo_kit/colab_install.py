@@ -83,7 +83,7 @@ class Plan:
 
 def read_requirements(path: str | Path) -> list[str]:
     """Requirement lines of a requirements file, comments and blanks dropped."""
-    lines = (line.split("#", 1)[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines())
+    lines = (line.partition("#")[0].strip() for line in Path(path).read_text(encoding="utf-8").splitlines())
     return [line for line in lines if line]
 
 

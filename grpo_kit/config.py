@@ -275,7 +275,7 @@ def _kit_defaults(values: Mapping[str, Any], name: str) -> dict[str, Any]:
     # TRL's default upper clip (epsilon_high = epsilon), written out: Unsloth's GRPOConfig sets 0.28 where it is unset
     # and loss_type is dapo, so a recipe silent on it would clip differently on a GPU than on a CPU.
     with contextlib.suppress(TypeError, ValueError):  # an epsilon that is no number is refused by TRL's parser
-        defaults["epsilon_high"] = float(values.get("epsilon", trl.GRPOConfig.__dataclass_fields__["epsilon"].default))
+        defaults["epsilon_high"] = float(values.get("epsilon", trl.GRPOConfig.epsilon))  # the class holds its default
     if torch.cuda.is_available():
         from grpo_kit.models import detect_device
 

@@ -79,7 +79,7 @@ def load_gsm8k(
     label, records = _records(source, split)
     dataset = _to_dataset(_checked_rows(records, label, lenient), label)
     if limit is not None:
-        dataset = dataset.shuffle(seed=seed).select(range(min(limit, len(dataset)))).flatten_indices()
+        dataset = dataset.shuffle(seed=seed).take(min(limit, len(dataset))).flatten_indices()
     return dataset
 
 

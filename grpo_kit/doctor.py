@@ -33,13 +33,14 @@ BETA_ZERO = (
     "which is 0 on average on-policy while its gradient is not. Watch reward, frac_reward_zero_std and grad_norm."
 )
 NO_SIGNAL = (
-    "every group scored alike (frac_reward_zero_std >= 0.9) at {n} logged steps in a row: every advantage is 0, so "
-    "GRPO has no signal. Give rewards that tell a group's completions apart (partial credit: tag_progress), a format "
-    "prefill or worked examples (prefill, few_shot), a larger group (num_generations) or longer completions."
+    f"every group scored alike (frac_reward_zero_std >= 0.9) at {PATIENCE} logged steps in a row: every advantage is "
+    "0, so GRPO has no signal. Give rewards that tell a group's completions apart (partial credit: tag_progress), a "
+    "format prefill or worked examples (prefill, few_shot), a larger group (num_generations) or longer completions."
 )
 CLIPPED = (
-    "every completion was cut at max_completion_length (completions/clipped_ratio = 1) at {n} logged steps in a row: "
-    "no answer finishes. Raise --set max_completion_length, or ask for shorter reasoning (system_prompt, few_shot)."
+    f"every completion was cut at max_completion_length (completions/clipped_ratio = 1) at {PATIENCE} logged steps "
+    "in a row: no answer finishes. Raise --set max_completion_length, or ask for shorter reasoning (system_prompt, "
+    "few_shot)."
 )
 FLAT = (
     "the reward has not risen in {n} logged steps ({first:.3f} -> {last:.3f}, mean of the first and last {w}) while "
@@ -47,7 +48,7 @@ FLAT = (
     "scores), or try a higher learning_rate."
 )
 NO_GRADIENT = (
-    "grad_norm was 0 at {n} logged steps in a row while groups differ: the LoRA is not moving. Check "
+    f"grad_norm was 0 at {PATIENCE} logged steps in a row while groups differ: the LoRA is not moving. Check "
     "mask_truncated_completions (it drops every cut completion) and the learning-rate schedule."
 )
 ENTROPY = (
@@ -71,7 +72,7 @@ def reward_first_last(history: list[dict], window: int = 3) -> tuple[float | Non
     values = [row["reward"] for row in logged(history, "reward")]
     if not values:
         return None, None
-    window = max(1, min(window, len(values) // 2 or 1))
+    window = min(window, len(values) // 2 or 1)
     return sum(values[:window]) / window, sum(values[-window:]) / window
 
 
@@ -128,11 +129,11 @@ def check(history: list[dict], *, beta: float = 0.0, final: bool = False) -> dic
     if rows and beta == 0:
         found["beta-0"] = BETA_ZERO
     if _streak(rows, lambda row: not differ(row)):
-        found["no-signal"] = NO_SIGNAL.format(n=PATIENCE)
+        found["no-signal"] = NO_SIGNAL
     if _streak(rows, lambda row: row.get("completions/clipped_ratio") == 1):
-        found["clipped"] = CLIPPED.format(n=PATIENCE)
+        found["clipped"] = CLIPPED
     if _streak(rows, lambda row: row.get("grad_norm") == 0 and differ(row)):
-        found["no-gradient"] = NO_GRADIENT.format(n=PATIENCE)
+        found["no-gradient"] = NO_GRADIENT
     entropy = [row["entropy"] for row in logged(rows, "entropy")]
     if _streak(entropy, lambda value: value < ENTROPY_SHARE * entropy[0]):
         found["entropy"] = ENTROPY.format(first=entropy[0], last=entropy[-1], n=PATIENCE)

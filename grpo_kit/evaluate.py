@@ -186,10 +186,8 @@ def generate(
         inputs = tokenizer(
             list(prompts[start : start + batch_size]), return_tensors="pt", padding=True, padding_side="left"
         ).to(model.device)
-        with torch.no_grad():
-            new = model.generate(**inputs, generation_config=config, streamer=streamer)[
-                :, inputs["input_ids"].shape[1] :
-            ]
+        # transformers' GenerationMixin.generate runs under @torch.no_grad() itself
+        new = model.generate(**inputs, generation_config=config, streamer=streamer)[:, inputs["input_ids"].shape[1] :]
         lengths = [next((i + 1 for i, t in enumerate(row.tolist()) if t in stops), len(row)) for row in new]
         pairs = list(zip(tokenizer.batch_decode(new, skip_special_tokens=True), lengths, strict=True))
         results += [pairs[i : i + num_samples] for i in range(0, len(pairs), num_samples)]

@@ -52,7 +52,7 @@ def model_card(info: Mapping[str, Any]) -> str:
     )
     template = Path(__file__).with_name("resources") / "model_card.md"
     card = ModelCard.from_template(
-        data, str(template), info=info, kinds=kinds, prompt_file=runs.PROMPT_FILE, dumps=json.dumps, isabs=os.path.isabs
+        data, template, info=info, kinds=kinds, prompt_file=runs.PROMPT_FILE, dumps=json.dumps, isabs=os.path.isabs
     )
     return f"{card}\n"  # Jinja drops the template's last newline
 
@@ -168,7 +168,7 @@ def export(
     recipe = run.recorded
     prompt = run.prompt  # the prompt it trained with (its run's recipe, or an exported adapter's), for each folder
     trained_on = base_model or run.base_model
-    merging = "merged16" in wanted or bool(gguf_types)  # a LoRA alone needs no base model
+    merging = wanted != ["lora"]  # a LoRA alone needs no base model
     merge_base = trained_on.removesuffix("-bnb-4bit") if merging else trained_on
     base_path = models.resolve_model_id(merge_base)
     by_unsloth = merging and gguf_files.unsloth_on_gpu()
@@ -191,12 +191,13 @@ def export(
     try:
         with files.staged_dir(target) as staging:
             if "lora" in wanted:
-                (staging / "lora").mkdir()
+                lora = staging / "lora"
+                lora.mkdir()
                 for item in adapter_dir.glob("adapter_*"):
-                    shutil.copy2(item, staging / "lora" / item.name)
-                tokenizer.save_pretrained(staging / "lora")
-                results.append(dataclasses.replace(check_lora(staging / "lora", adapter_dir), lora_effect=effect))
-                run.write_prompt(staging / "lora")
+                    shutil.copy2(item, lora)  # into the folder, under its own name
+                tokenizer.save_pretrained(lora)
+                results.append(dataclasses.replace(check_lora(lora, adapter_dir), lora_effect=effect))
+                run.write_prompt(lora)
             # Unsloth in its own folder (it leaves a merged checkpoint and llama.cpp's files there), removed before
             # the rename; only its results are moved in. It loads the model as the run trained it (4 bit or 16).
             scratch = staging / f"unsloth{staging.name}"
@@ -217,17 +218,18 @@ def export(
                 results.append(check_weights("gguf", path, base_dir, adapter_dir, kind))
                 if kind == gguf_types[0]:  # Ollama's Modelfile: FROM the first type asked for
                     gguf_files.write_modelfile(path, tokenizer)
-            if "merged16" in wanted:
-                if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer, within bf16's limit)
-                    shutil.move(made["merged16"], staging / "merged16")
-                else:
-                    _write_merged16(base_path, adapter_dir, tokenizer, staging / "merged16")
-                results.append(check_weights("merged16", staging / "merged16", base_dir, adapter_dir, "bfloat16"))
-                run.write_prompt(staging / "merged16")
             answered = None
-            if answers and prompt and "merged16" in wanted:
-                length = int(recipe.get("max_completion_length") or 256)
-                answered = verify_answers(staging / "merged16", trained_on, adapter_dir, prompt, answers, length)
+            if "merged16" in wanted:
+                merged = staging / "merged16"
+                if by_unsloth:  # Unsloth keeps the shards' dtype: bf16 mostly (fp16 rounds finer, within bf16's limit)
+                    shutil.move(made["merged16"], merged)
+                else:
+                    _write_merged16(base_path, adapter_dir, tokenizer, merged)
+                results.append(check_weights("merged16", merged, base_dir, adapter_dir, "bfloat16"))
+                run.write_prompt(merged)
+                if answers and prompt:
+                    length = int(recipe.get("max_completion_length") or 256)
+                    answered = verify_answers(merged, trained_on, adapter_dir, prompt, answers, length)
             results = [dataclasses.replace(r, path=target / r.path.relative_to(staging)) for r in results]
             note = f"Merged into {merge_base}, the 16-bit original of {trained_on}." if merge_base != trained_on else ""
             info = {
@@ -278,8 +280,7 @@ def check_space(base_path: str, out_dir: Path, name: str, wanted, gguf_types) ->
     sizes are not checked."""
     from grpo_kit.colab import check_fits
 
-    sizes = export_sizes(base_path, wanted, gguf_types)
-    if sizes:
+    if sizes := export_sizes(base_path, wanted, gguf_types):
         biggest = max(sizes, key=sizes.get)
         drop = (
             "--format lora alone takes megabytes"
@@ -313,7 +314,7 @@ def export_sizes(base_path: str, wanted, gguf_types) -> dict[str, int]:
         return {}
     half = 2 * shape.params
     sizes = {"merged16": half} if "merged16" in wanted else {}
-    sizes.update({f"gguf {kind}": int(shape.params * gguf_files.GGUF_BYTES[kind]) for kind in gguf_types})
+    sizes |= {f"gguf {kind}": int(shape.params * gguf_files.GGUF_BYTES[kind]) for kind in gguf_types}
     if gguf_types and "merged16" not in wanted:
         sizes["Unsloth's 16-bit merge for llama.cpp (removed afterwards)"] = half
     if gguf_types and "f16" not in gguf_types:

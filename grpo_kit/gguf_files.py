@@ -47,8 +47,9 @@ NO_FILES_HELP = (
 
 def parse_names(spec: str | Sequence[str], allowed: Sequence[str], what: str) -> list[str]:
     """``"F16, q4_k_m"`` or ``["f16"]`` -> ``["f16", "q4_k_m"]``: lower case, in order, once each, all ``allowed``."""
-    items = list(dict.fromkeys(t.strip().lower() for t in (spec.split(",") if isinstance(spec, str) else spec)))
-    if not (items := [t for t in items if t]) or (unknown := [t for t in items if t not in allowed]):
+    names = spec.split(",") if isinstance(spec, str) else spec
+    items = [t for t in dict.fromkeys(name.strip().lower() for name in names) if t]
+    if not items or (unknown := [t for t in items if t not in allowed]):
         raise GrpoKitError(f"Unknown {what} {items and unknown}; choose from {', '.join(allowed)}.")
     return items
 
@@ -144,7 +145,7 @@ def run_unsloth(
     adapter = shutil.copytree(adapter_dir, scratch / "adapter")
     config = adapter_config(adapter)
     config.base_model_name_or_path = base_path
-    config.save_pretrained(str(adapter))
+    config.save_pretrained(adapter)
     spec = {
         "adapter": str(adapter),
         "out": str(scratch / f"unsloth-{scratch.name}"),  # unique: Unsloth may move it
@@ -160,7 +161,8 @@ def run_unsloth(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, cwd=scratch
     ) as child:
         try:
-            for line in (raw.rstrip("\n") for raw in child.stdout):
+            for raw in child.stdout:
+                line = raw.rstrip("\n")
                 tail.append(line)
                 say(line)
         except BaseException:  # an interrupt (Ctrl-C, a notebook's stop button) must not leave the writer running
@@ -178,7 +180,7 @@ def run_unsloth(
     for path in filter(Path.is_file, map(Path, result["gguf_files"])):
         file_type = gguf.GGUFReader(path).fields["general.file_type"].contents()  # Unsloth names files its own way
         kind = gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_").lower().replace("bf16", "f16")
-        found.setdefault(kind, Path(shutil.move(path, scratch / path.name)))  # out of the folders removed next
+        found.setdefault(kind, shutil.move(path, scratch / path.name))  # out of the folders removed next (its new path)
     for folder in result["folders"]:  # the merged checkpoint and llama.cpp's leftovers (GBs), wherever they went
         if scratch.name in Path(folder).name and Path(folder) != found.get("merged16"):  # merged16 is kept
             shutil.rmtree(folder, ignore_errors=True)
@@ -202,17 +204,18 @@ def _child(spec: dict) -> None:
     report = {"merged16": spec["out"] + "-merged16", "gguf_files": [], "folders": []}
     if spec["merged16"]:  # unsloth_zoo's merge_and_overwrite_lora: each 16-bit shard + LoRA, one at a time
         model.save_pretrained_merged(report["merged16"], tokenizer, save_method="merged_16bit")
-    if spec["types"] and spec["merged16"]:
-        # One merge per export: a model that is not PEFT and was loaded from a folder is converted from that folder
-        # (unsloth/save.py, _gguf_reuses_loaded_checkpoint), where a PEFT model would be merged again (16 GB for an
-        # 8B). Loaded in 4 bit: llama.cpp reads the 16-bit files on disk, the GPU only needs room for the load.
-        del model
-        gc.collect()
-        torch.cuda.empty_cache()
-        model, tokenizer = FastLanguageModel.from_pretrained(
-            model_name=report["merged16"], load_in_4bit=True, dtype=dtype
-        )
     if spec["types"]:
+        if spec["merged16"]:
+            # One merge per export: a model that is not PEFT and was loaded from a folder is converted from that
+            # folder (unsloth/save.py, _gguf_reuses_loaded_checkpoint), where a PEFT model would be merged again
+            # (16 GB for an 8B). Loaded in 4 bit: llama.cpp reads the 16-bit files on disk, the GPU only needs room
+            # for the load.
+            del model
+            gc.collect()
+            torch.cuda.empty_cache()
+            model, tokenizer = FastLanguageModel.from_pretrained(
+                model_name=report["merged16"], load_in_4bit=True, dtype=dtype
+            )
         result = model.save_pretrained_gguf(spec["out"], tokenizer, quantization_method=spec["types"]) or {}
         report["gguf_files"] = [str(p) for p in result.get("gguf_files") or []]
         report["folders"] = [str(p) for p in (result.get("save_directory"), result.get("gguf_directory")) if p]

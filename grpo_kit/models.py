@@ -73,15 +73,15 @@ def prepare_backend(backend: str) -> str:
     import torch
 
     gpu = torch.cuda.is_available()
-    cpu_mode = not gpu and os.environ.get("UNSLOTH_ALLOW_CPU") == "1"
-    if backend == "unsloth" and not gpu and not cpu_mode:
+    importable = gpu or os.environ.get("UNSLOTH_ALLOW_CPU") == "1"  # on a CPU only in its CI mode
+    if backend == "unsloth" and not importable:
         raise GrpoKitError(
             "backend='unsloth' needs a CUDA GPU (without one Unsloth imports only in its CI mode, which "
             "cannot load a model). On this machine use --set backend=auto or --set backend=transformers "
             "(plain transformers + PEFT)."
         )
     if backend == "auto":
-        backend = "unsloth" if gpu or cpu_mode else "transformers"
+        backend = "unsloth" if importable else "transformers"
     if backend == "unsloth":
         try:
             import unsloth  # noqa: F401  (the import is the patch)
@@ -93,7 +93,7 @@ def prepare_backend(backend: str) -> str:
             ) from error
         import trl
 
-        if cpu_mode and not trl.GRPOTrainer.__name__.startswith("Unsloth"):
+        if not gpu and not trl.GRPOTrainer.__name__.startswith("Unsloth"):  # its CPU-only CI mode
             from unsloth.models.rl import patch_trl_rl_trainers
 
             patch_trl_rl_trainers()  # what Unsloth's import does on a GPU

@@ -181,7 +181,7 @@ class VramEstimate:
 
 def lora_param_count(shape: ModelShape, rank: int, targets) -> int:
     """Adapter parameters: ``rank × (in + out)`` per targeted projection per layer (None/"all-linear": all seven)."""
-    if targets is None or targets == "all-linear" or list(targets) == ["all-linear"]:
+    if targets in (None, "all-linear", ["all-linear"]):
         targets = list(_TARGET_DIMS)
     unknown = [t for t in targets if t not in _TARGET_DIMS]
     if unknown:
@@ -202,7 +202,7 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
         )
     value_bytes = 2 if (config.bf16 or config.fp16) else 4  # weights and activations in the compute dtype
     bits = 4 if recipe.model.load_in_4bit else 8 * value_bytes
-    use_vllm, on_gpu = recipe.vllm_colocated, bits < 32 or config.use_vllm
+    on_gpu = bits < 32 or config.use_vllm
     card_gib = float(recipe.kit.vram_gb if card_gb is None else card_gb)
     if bits == 4:  # NF4 layer matrices; embeddings and norms stay 16-bit
         weights = shape.linear_params * NF4_BYTES + (shape.params - shape.linear_params) * 2
@@ -221,7 +221,7 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
         activations += full_layers * batch * shape.heads * seq**2 * value_bytes * 2
     # Colocated vLLM reserves a share of the card. Unsloth's fast_inference shares the trainer's weights, so only the
     # share beyond them is added; TRL's own colocated vLLM (the transformers backend) loads a second copy.
-    share = config.vllm_gpu_memory_utilization * card_gib * GIB if use_vllm else 0.0
+    share = config.vllm_gpu_memory_utilization * card_gib * GIB if recipe.vllm_colocated else 0.0
     shared_weights = recipe.kit.backend != "transformers"
     return VramEstimate(
         model=shape.name,
@@ -235,7 +235,7 @@ def estimate_vram(recipe, shape: ModelShape | None = None, *, card_gb: float | N
         vllm_gib=(max(share - weights, 0.0) if shared_weights else share) / GIB,
         vllm_share_gib=share / GIB,
         kv_needed_gib=config.generation_batch_size * seq * 2 * shape.layers * shape.dim("kv") * 2 / GIB,
-        overhead_gib=(GPU_OVERHEAD_GIB + (VLLM_OVERHEAD_GIB if use_vllm else 0.0)) if on_gpu else 0.0,
+        overhead_gib=(GPU_OVERHEAD_GIB + (VLLM_OVERHEAD_GIB if recipe.vllm_colocated else 0.0)) if on_gpu else 0.0,
     )
 
 

@@ -51,6 +51,7 @@ def metrics_figure(rows: list[dict], *, show: bool = False):
 
 
 def _line(ax, rows: list[dict], key: str, label: str, **style) -> None:
-    points = [(row["step"], row[key]) for row in logged(rows, key)]
-    if points:
-        ax.plot(*zip(*points, strict=True), label=label, marker="o", markersize=3, **style)
+    if shown := logged(rows, key):
+        ax.plot(
+            [row["step"] for row in shown], [row[key] for row in shown], label=label, marker="o", markersize=3, **style
+        )

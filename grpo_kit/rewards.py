@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from grpo_kit.answers import (
+    GROUPED,
     MAX_DIGITS,
-    THOUSANDS_SEPARATORS,
     answers_match,
     digit_count,
     extract_tagged_answer,
@@ -41,11 +41,8 @@ TRAILING_PENALTY_PER_CHAR, TRAILING_PENALTY_CAP = 0.001, 0.25
 
 # Literal start, then one whitespace run: each "</think>" is tried once, so the search is linear in the text length.
 _THINK_THEN_ANSWER = re.compile(r"</think>\s*<answer>")
-_INTEGER = re.compile(
-    r"[-\u2212]?(?:[0-9]+|"
-    + "|".join(rf"[0-9]{{1,3}}(?:{re.escape(s)}[0-9]{{3}})+" for s in THOUSANDS_SEPARATORS)
-    + ")"
-)
+# ASCII digits only; thousands grouped as answers.GROUPED groups them ("1,000", "70 000").
+_INTEGER = re.compile(r"[-\u2212]?(?:\d+|" + GROUPED + ")", re.ASCII)
 
 
 def completion_text(completion: Any) -> str:
@@ -105,12 +102,12 @@ def correctness_reward(completions, answer=None, prefill=None, **kwargs) -> list
     """the last ``<answer>`` block reads as the gold number (``$1,000`` = ``1000``)
 
     Exact after normalizing (``grpo_kit.answers``): "72.0", "$72", "72 clips", "\\boxed{72}" equal "72"."""
-    golds = [column(answer, i) for i in range(len(completions or ()))]
-    golds = [str(g) if isinstance(g, (int, float)) else g for g in golds]  # anything else reads as no number
-    return [
-        CORRECT_POINTS if answers_match(extract_tagged_answer(t), g) else 0.0
-        for t, g in zip(_texts(completions, prefill), golds, strict=True)
-    ]
+    scores = []
+    for i, text in enumerate(_texts(completions, prefill)):
+        gold = column(answer, i)
+        gold = str(gold) if isinstance(gold, (int, float)) else gold  # anything else reads as no number
+        scores.append(CORRECT_POINTS if answers_match(extract_tagged_answer(text), gold) else 0.0)
+    return scores
 
 
 @_per_text
@@ -126,8 +123,8 @@ def tag_count_reward(text: str) -> float:
     """0.25 per think/answer tag seen exactly once, minus 0.001 per character after ``</answer>`` (at most 0.25)
 
     Whitespace and end-of-sequence markers after the last ``</answer>`` are not trailing text."""
-    end = text.rfind(ANSWER_CLOSE)
-    trailing = "" if end < 0 else strip_end_markers(text[end + len(ANSWER_CLOSE) :]).strip()
+    _, close, after = text.rpartition(ANSWER_CLOSE)
+    trailing = strip_end_markers(after).strip() if close else ""
     penalty = min(TRAILING_PENALTY_PER_CHAR * len(trailing), TRAILING_PENALTY_CAP)
     return round(sum(TAG_POINTS for tag in TAGS if text.count(tag) == 1) - penalty, 6)
 
@@ -137,7 +134,7 @@ def integer_reward(text: str) -> float:
     """the ``<answer>`` text is a bare integer (``-7``, ``1,000`` yes; ``3.5``, ``72 clips`` no)
 
     Digits, an optional minus, optional thousands separators, at most ``MAX_DIGITS`` digits."""
-    answer = (extract_tagged_answer(text) or "").strip()
+    answer = extract_tagged_answer(text) or ""  # stripped already
     return INTEGER_POINTS if _INTEGER.fullmatch(answer) and digit_count(answer) <= MAX_DIGITS else 0.0
 
 
@@ -148,9 +145,8 @@ def tag_progress_reward(text: str) -> float:
 
     With ``<think>\\n`` prefilled each step toward the format earns something, so a 135M model's first attempts
     already differ in reward (GRPO needs that variance to learn)."""
-    think_close = text.find(THINK_CLOSE)
-    opened = text.find(ANSWER_OPEN, think_close + len(THINK_CLOSE)) if think_close >= 0 else -1
-    answer_after_think = opened >= 0 and text.find(ANSWER_CLOSE, opened + len(ANSWER_OPEN)) >= 0
+    # str.partition gives "" after a separator it does not find: no </think>, or no <answer> after it, is no block
+    answer_after_think = ANSWER_CLOSE in text.partition(THINK_CLOSE)[2].partition(ANSWER_OPEN)[2]
     return sum(TAG_POINTS for tag in TAGS[1:] if text.count(tag) == 1) + TAG_POINTS * answer_after_think
 
 

@@ -367,7 +367,7 @@ class Run:
         else:  # the same rewards: the recorded values parsed with this recipe's functions (a notebook's are not in
             # JSON), and this recipe's parsed again (a trainer may have changed its GRPOConfig: Unsloth's turns fp16 on)
             then, now = build_recipe({**recorded, "reward_funcs": recipe.reward_funcs}), build_recipe(recipe.values)
-            keys = (set(recorded) | set(recipe.values)) - {
+            keys = {*recorded, *recipe.values} - {
                 *RESUMABLE,
                 "output_dir",
                 "name",

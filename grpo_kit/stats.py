@@ -17,7 +17,8 @@ from grpo_kit.errors import GrpoKitError
 def wilson(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
     """95 % Wilson score interval (right at small n and near 0 or 1, where p ± z·se fails)."""
     p, z2 = successes / n, z * z
-    centre, half = (p + z2 / (2 * n)) / (1 + z2 / n), z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    denominator = 1 + z2 / n
+    centre, half = (p + z2 / (2 * n)) / denominator, z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / denominator
     return max(0.0, centre - half), min(1.0, centre + half)
 
 

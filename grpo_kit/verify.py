@@ -67,7 +67,7 @@ def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> E
     problems, worst, effect, to_tuned, to_base, lost = [], None, 0.0, [], [], 0
     for label, blocks in itertools.groupby(items, key=lambda item: item[0]):  # one tensor's blocks of rows
         problem, count = "", 0
-        diff, scale, change = 0.0, 0.0, 0.0  # max |got - expected|, max |expected|, max |expected - base|: the effect
+        diff = scale = change = 0.0  # max |got - expected|, max |expected|, max |expected - base|: the effect
         sums = (0.0, 0.0, 0.0)  # sum |got - expected|, |got - base|, |expected - base|
         for _, got, expected, base in blocks:
             if got is None or got.numel() != expected.numel():
@@ -205,12 +205,8 @@ def _tensors(folder: Path) -> dict[str, _Stored]:
     found = {}
     for file in sorted(shards):
         with safe_open(folder / file, framework="pt") as handle:
-            found.update(
-                {
-                    name: _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
-                    for name in handle.keys()
-                }
-            )
+            for name in handle.keys():
+                found[name] = _Stored(folder / file, name, tuple(handle.get_slice(name).get_shape()))
     if not found:
         raise GrpoKitError(f"{folder} holds no .safetensors weights to compare.")
     return found
@@ -231,6 +227,7 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
     base_files, deltas = _tensors(base_dir), lora_deltas(adapter_dir)
     if fmt == "gguf":
         entries = gguf_files.gguf_tensors(path, read_json(base_dir / "config.json"), base_files)
+        what = " (embedding, final norm, first and last block)"
     else:
         exported = _tensors(path)
         entries = {
@@ -238,6 +235,7 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
             for name in base_files
             if name in exported or name != "lm_head.weight"
         }  # a tied head may be left out: its embedding is here
+        what = ""
 
     def items():  # block by block: never a whole large tensor in float32
         for name, (label, read) in entries.items():
@@ -246,7 +244,6 @@ def check_weights(fmt: str, path: Path, base_dir: Path, adapter_dir: Path, kind:
                 base = stored[rows if stored.shape else ...].float()
                 yield label, read(rows) if read else None, base + deltas[name](rows) if name in deltas else base, base
 
-    what = " (embedding, final norm, first and last block)" if fmt == "gguf" else ""
     return check_tensors(
         fmt,
         items(),
