@@ -211,8 +211,9 @@ class TrainingRun(Run, TrainerCallback):
         self.close()
         step = self.state.global_step if self.state else self.resumed_from or 0
         if isinstance(error, torch.OutOfMemoryError):
+            where = f"at step {step + 1}" if self.state else "before the first step (loading the model or the trainer)"
             raise GrpoKitError(
-                f"The GPU ran out of memory at step {step + 1} ({str(error).splitlines()[0][:160]}). A resume may "
+                f"The GPU ran out of memory {where} ({str(error).splitlines()[0][:160]}). A resume may "
                 "lower what does not change the run: a smaller vLLM share (--set vllm_gpu_memory_utilization=0.4) or "
                 "--set gradient_checkpointing=true. Otherwise train a new run (another --output) that needs less: "
                 "shorter completions (--set max_completion_length=N), fewer completions per forward pass (--set "

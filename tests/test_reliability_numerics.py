@@ -181,6 +181,9 @@ def test_gpu_out_of_memory_mid_run_names_the_fixes_and_the_checkpoint(tmp_path, 
     assert "out of memory at step 24" in message and "Tried to allocate 2.00 GiB" in message
     assert "max_completion_length" in message and "presets --plan" in message
     assert "checkpoint-20" in message and "--resume" in message
+    with pytest.raises(GrpoKitError, match="out of memory before the first step \\(loading the model"):
+        with TrainingRun(tmp_path):  # no trainer state yet: the model or the trainer was loading
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
 
 
 def test_nan_losses_reach_the_logs():
