@@ -100,7 +100,7 @@ def check_tensors(fmt: str, items, rtol: float, *, path: Path, detail: str) -> E
         if change == 0.0:
             continue  # not touched by the LoRA (most weight tensors)
         effect = max(effect, change)
-        near_tuned, near_base, moved = (total / count for total in sums)  # the means of sums
+        near_tuned, near_base, moved = (total / count for total in sums)  # mean per value of each sum
         to_tuned.append(near_tuned)
         to_base.append(near_base)
         # Closer to tuned than to base is required only where the adapter's effect is at least twice the storage noise
